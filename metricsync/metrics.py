@@ -1,0 +1,639 @@
+"""The :class:`Metrics` container: record, merge, compute, format, reset.
+
+Storage is columnar: one float64 row of state per metric (see
+:mod:`metricsync.state`), so merging, packing for a collective and computing
+are vectorized over metrics. Python numbers go to a small per-name pending
+buffer (the hot path is a dict lookup and an ``array.append``) that is folded
+in vectorized form when it fills up or before anything reads the state.
+Torch tensors accumulate on their own device (:mod:`metricsync.device`).
+
+>>> import metricsync as ms
+>>> m = ms.Metrics({"loss": ms.Spec("mean"), "tokens": ms.Spec("sum", fmt=",.0f")})
+>>> for loss, n in [(2.0, 100), (1.0, 300)]:
+...     m.record("loss", loss, weight=n)
+...     m.record("tokens", n)
+>>> m.compute()
+{'loss': 1.25, 'tokens': 400.0}
+>>> m.format()
+'loss=1.25  tokens=400'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import state as st
+from .convert import as_torch, host_mask, host_values, host_weights
+from .errors import SpecMismatchError
+from .spec import Spec, SpecTable
+
+__all__ = ["Metrics", "merge"]
+
+_PENDING_LIMIT = 4096
+_FLOAT64 = np.float64
+# Per-rank aggregate of an ``across`` statistic: sum of rank values, ranks, max, -min.
+_AGG_IDENTITY = np.array([0.0, 0.0, -np.inf, -np.inf])
+
+
+class Metrics:
+    """Training metrics recorded on one rank, mergeable and synchronizable.
+
+    Args:
+        specs: a mapping of metric names or globs to :class:`Spec`.
+
+    Names without a spec get ``Spec()`` (weighted mean, adaptive format).
+    """
+
+    def __init__(self, specs: Mapping[str, Spec] | None = None) -> None:
+        self._table = SpecTable()
+        for key, spec in (specs or {}).items():
+            self._table.add(key, spec)
+        self._names: list[str] = []
+        self._index: dict[str, int] = {}
+        self._specs: list[Spec] = []
+        self._rows = st.empty_rows(8)
+        self._sketch: dict[int, np.ndarray] = {}
+        self._agg: dict[int, np.ndarray] = {}
+        self._fast: dict[str, array[float]] = {}
+        self._dirty: list[str] = []
+        self._dev: dict[Any, dict[int, Any]] = {}
+        self._version = 0
+        self._sync_cache: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ specs
+
+    def define(self, name_or_glob: str, spec: Spec) -> None:
+        """Declare the spec of a name or glob.
+
+        Raises ``SpecMismatchError`` when the name (or glob) already has another
+        spec, or when the new rule would change the spec of a name holding samples.
+
+        >>> import metricsync as ms
+        >>> m = ms.Metrics()
+        >>> m.define("timing/*", ms.Spec("max"))
+        >>> m.record("timing/step", 2.0); m.record("timing/step", 3.0)
+        >>> m.compute()
+        {'timing/step': 3.0}
+        """
+        table = self._table.copy()
+        table.add(name_or_glob, spec)
+        respec = self._check_rules(table)
+        self._table = table
+        for slot, new in respec:
+            self._respec(slot, new)
+
+    def _check_rules(self, table: SpecTable) -> list[tuple[int, Spec]]:
+        """Slots whose spec ``table`` changes; raise if any of them holds samples."""
+        changes = []
+        for slot, name in enumerate(self._names):
+            old = self._specs[slot]
+            new = table.explicit(name)
+            if new is None or new == old:
+                continue
+            if self._holds_data(slot):
+                raise SpecMismatchError(
+                    f"metric {name!r} holds samples under {old!r}; cannot change it to {new!r}"
+                )
+            changes.append((slot, new))
+        return changes
+
+    def spec(self, name: str) -> Spec:
+        """The spec ``name`` has (or would get on its first record).
+
+        >>> import metricsync as ms
+        >>> ms.Metrics({"lr": ms.Spec("last")}).spec("lr")
+        Spec('last')
+        """
+        slot = self._index.get(name)
+        return self._specs[slot] if slot is not None else self._table.resolve(name)
+
+    # -------------------------------------------------------------- recording
+
+    def record(self, name: str, value: Any, *, weight: Any = None, mask: Any = None) -> None:
+        """Record ``value`` under ``name``; every element of an array or tensor is a sample.
+
+        ``weight`` is a scalar or an array broadcastable to ``value``; ``mask``
+        is a boolean array of ``value``'s shape (masked-out elements are not
+        samples). Torch tensors stay on their device. Bad input raises
+        ``TypeError``/``ValueError`` naming the metric and records nothing.
+        """
+        cls = value.__class__
+        if (cls is float or cls is int or cls is _FLOAT64) and weight is None and mask is None:
+            buf = self._fast.get(name)
+            if buf is not None:
+                try:
+                    buf.append(value)
+                except OverflowError:
+                    raise ValueError(
+                        f"metric {name!r}: {value!r} does not fit in a float64"
+                    ) from None
+                n = len(buf)
+                if n == 1:
+                    self._dirty.append(name)
+                elif n >= _PENDING_LIMIT:
+                    self._fold_pending()
+                return
+        self._record_slow(name, value, weight, mask)
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        """Record several metrics at once: ``update({"lr": lr, "tokens": n})``."""
+        for name, value in values.items():
+            self.record(name, value)
+
+    def _record_slow(self, name: str, value: Any, weight: Any, mask: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
+        tensor = as_torch(value)
+        if tensor is not None:
+            self._record_tensor(name, tensor, weight, mask)
+            return
+        spec = self.spec(name)
+        values = host_values(name, value)
+        shape = np.shape(value)
+        w = None if weight is None else host_weights(name, weight, shape)
+        if mask is not None:
+            m = host_mask(name, mask, shape)
+            w = m if w is None else w * m
+        drops = 0.0
+        nonfinite = ~np.isfinite(values)
+        if spec.nan != "propagate" and nonfinite.any():
+            bad = nonfinite if w is None else nonfinite & (w > 0)
+            if spec.nan == "error" and bad.any():
+                raise ValueError(
+                    f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
+                )
+            drops = float(bad.sum())
+            w = np.where(nonfinite, 0.0, 1.0 if w is None else w)
+        self._fold_pending()
+        slot = self._slot(name, spec)
+        if len(values) == 0:
+            return
+        rows = st.rows_from_samples(values, w, np.array([0, len(values)]), st.now_us())
+        rows[0, st.DROP] = drops
+        self._rows[slot] = st.merge_rows(self._rows[slot], rows[0], np)
+        if slot in self._sketch:
+            self._sketch[slot] += self._ingest(spec, values, w)
+
+    def _record_tensor(self, name: str, tensor: Any, weight: Any, mask: Any) -> None:
+        from .device import DeviceAccumulator, torch_weights
+
+        if tensor.is_complex():
+            raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}")
+        spec = self.spec(name)
+        w = torch_weights(name, tensor, weight, mask)
+        self._fold_pending()
+        slot = self._slot(name, spec)
+        accs = self._dev.setdefault(tensor.device, {})
+        acc = accs.get(slot)
+        layout = _layout(spec) if spec.needs_sketch else None
+        if acc is None:
+            acc = accs[slot] = DeviceAccumulator(tensor.device, layout.n_cells if layout else 0)
+        acc.add(spec, tensor, w, layout, st.now_us())
+
+    @staticmethod
+    def _ingest(spec: Spec, values: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+        from .sketch import ingest_numpy
+
+        return ingest_numpy(_layout(spec), values, weights)
+
+    # ------------------------------------------------------------------ slots
+
+    def _slot(self, name: str, spec: Spec) -> int:
+        slot = self._index.get(name)
+        if slot is not None:
+            return slot
+        slot = len(self._names)
+        if slot == len(self._rows):
+            self._rows = np.concatenate([self._rows, st.empty_rows(len(self._rows))])
+        self._names.append(name)
+        self._index[name] = slot
+        self._specs.append(spec)
+        self._configure(slot, spec)
+        return slot
+
+    def _configure(self, slot: int, spec: Spec) -> None:
+        name = self._names[slot]
+        self._version += 1
+        self._fast.pop(name, None)
+        if spec.nan != "error":
+            self._fast[name] = array("d")
+        self._sketch.pop(slot, None)
+        if spec.needs_sketch:
+            self._sketch[slot] = np.zeros(_layout(spec).n_cells)
+        self._agg.pop(slot, None)
+        if spec.across != "exact":
+            self._agg[slot] = np.tile(_AGG_IDENTITY, (len(spec.reduce), 1))
+
+    def _respec(self, slot: int, spec: Spec) -> None:
+        self._specs[slot] = spec
+        self._rows[slot] = st.IDENTITY
+        self._configure(slot, spec)
+
+    def _holds_data(self, slot: int) -> bool:
+        self._fold_pending()
+        row = self._rows[slot]
+        if row[st.W] > 0 or row[st.DROP] > 0 or row[st.T] > -np.inf:
+            return True
+        agg = self._agg.get(slot)
+        if agg is not None and agg[:, 1].any():
+            return True
+        return any(slot in accs for accs in self._dev.values())
+
+    # ---------------------------------------------------------------- folding
+
+    def _fold_pending(self) -> None:
+        """Fold the per-name buffers of Python numbers into the state rows."""
+        if not self._dirty:
+            return
+        names, self._dirty = self._dirty, []
+        slots = np.array([self._index[n] for n in names])
+        bufs = [self._fast[n] for n in names]
+        lengths = np.array([len(b) for b in bufs])
+        values = np.concatenate([np.frombuffer(b, dtype=np.float64) for b in bufs])
+        for b in bufs:
+            del b[:]
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        weights = None
+        drops = np.zeros(len(names))
+        ignore = np.array([self._specs[s].nan == "ignore" for s in slots])
+        if ignore.any():
+            dropped = np.repeat(ignore, lengths) & ~np.isfinite(values)
+            if dropped.any():
+                weights = np.where(dropped, 0.0, 1.0)
+                drops = np.add.reduceat(dropped.astype(np.float64), starts[:-1])
+        rows = st.rows_from_samples(values, weights, starts, st.now_us())
+        rows[:, st.DROP] = drops
+        self._rows[slots] = st.merge_rows(self._rows[slots], rows, np)
+        for i, slot in enumerate(slots.tolist()):
+            if slot in self._sketch:
+                lo, hi = starts[i], starts[i + 1]
+                w = None if weights is None else weights[lo:hi]
+                self._sketch[slot] += self._ingest(self._specs[slot], values[lo:hi], w)
+
+    def _fold_devices(self) -> None:
+        """Bring device states to the host: one device-to-host copy per device."""
+        if not self._dev:
+            return
+        import torch
+
+        devices, self._dev = self._dev, {}
+        errors = []
+        for accs in devices.values():
+            slots = list(accs)
+            parts = [
+                torch.stack([accs[s].row for s in slots]),
+                torch.stack([accs[s].bad for s in slots]),
+            ]
+            sketch_slots = [s for s in slots if accs[s].sketch is not None]
+            parts += [accs[s].sketch for s in sketch_slots]
+            flat = torch.cat([p.reshape(-1) for p in parts]).cpu().numpy()
+            k = len(slots)
+            rows = flat[: k * st.NCOL].reshape(k, st.NCOL)
+            bad = flat[k * st.NCOL : k * st.NCOL + k]
+            self._rows[slots] = st.merge_rows(self._rows[slots], rows, np)
+            offset = k * st.NCOL + k
+            for s in sketch_slots:
+                n = len(self._sketch[s])
+                self._sketch[s] += flat[offset : offset + n]
+                offset += n
+            for s, flag in zip(slots, bad.tolist()):
+                if flag:
+                    errors.append((self._names[s], flag))
+        if errors:
+            from .device import BAD_NAN
+
+            name, flag = errors[0]
+            what = (
+                "a non-finite sample under nan='error'"
+                if flag == BAD_NAN
+                else "a negative or non-finite weight"
+            )
+            raise ValueError(
+                f"metric {name!r}: a recorded tensor held {what}; that record was discarded"
+            )
+
+    def _fold(self) -> None:
+        self._fold_pending()
+        self._fold_devices()
+
+    # -------------------------------------------------------------- computing
+
+    def compute(self) -> dict[str, float]:
+        """Every metric's statistics as plain Python floats; metrics without samples are left out.
+
+        One device-to-host copy per device holding tensor states.
+        """
+        self._fold()
+        return self._values()
+
+    def _local_values(self, slots: list[int]) -> np.ndarray:
+        """Each slot's own statistics (its local rank), NaN where it holds no samples."""
+        n = len(slots)
+        width = max((len(self._specs[s].reduce) for s in slots), default=0)
+        out = np.full((n, width), np.nan)
+        if n == 0:
+            return out
+        rows = self._rows[slots]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            plain = st.compute_plain(rows, np)
+        for i, slot in enumerate(slots):
+            spec = self._specs[slot]
+            for j, stat in enumerate(spec.reduce):
+                if stat in plain:
+                    out[i, j] = plain[stat][i]
+            if spec.quantiles and rows[i, st.W] > 0:
+                qs = [_quantile(stat) for stat in spec.reduce]
+                qvals = self._quantiles(slot, [q for q in qs if q is not None], rows[i])
+                it = iter(qvals)
+                for j, q in enumerate(qs):
+                    if q is not None:
+                        out[i, j] = next(it)
+        return out
+
+    def _quantiles(self, slot: int, qs: list[float], row: np.ndarray) -> list[float]:
+        vmin, vmax = -row[st.NEGMIN], row[st.MAX]
+        cells = self._sketch.get(slot)
+        if cells is None:  # only p0 / p100
+            return [vmin if q == 0.0 else vmax for q in qs]
+        from .sketch import query
+
+        result = query(
+            _layout(self._specs[slot]), cells[None, :], qs, np.array([vmin]), np.array([vmax])
+        )
+        return [float(v) for v in result[0]]
+
+    def _values(self) -> dict[str, float]:
+        n = len(self._names)
+        slots = list(range(n))
+        local = self._local_values(slots)
+        has = self._rows[:n, st.W] > 0
+        out: dict[str, float] = {}
+        for slot in slots:
+            spec = self._specs[slot]
+            name = self._names[slot]
+            keys = spec.output_keys(name)
+            agg = self._agg.get(slot)
+            if agg is None:
+                if has[slot]:
+                    out.update(zip(keys, local[slot, : len(keys)].tolist()))
+            else:
+                combined = _combine_across(
+                    spec.across, agg, local[slot, : len(keys)], bool(has[slot])
+                )
+                if combined is not None:
+                    out.update(zip(keys, combined.tolist()))
+            if spec.nan == "ignore":
+                dropped = self._rows[slot, st.DROP]
+                if dropped > 0 or keys[0] in out:
+                    out[f"{name}/nan_dropped"] = float(dropped)
+        return out
+
+    def key_formats(self) -> dict[str, str | None]:
+        """The format spec of every key ``compute()`` may report (None: adaptive)."""
+        formats: dict[str, str | None] = {}
+        for name, spec in zip(self._names, self._specs):
+            for key in spec.output_keys(name):
+                formats[key] = spec.fmt
+            if spec.nan == "ignore":
+                formats[f"{name}/nan_dropped"] = ",.0f"
+        return formats
+
+    def format(self, values: Mapping[str, float] | None = None) -> str:
+        """One human line, each value in its spec's format (computes first when ``values`` is None)."""
+        from .formatting import format_line
+
+        if values is None:
+            values = self.compute()
+        return format_line(values, self.key_formats())
+
+    # -------------------------------------------------------------- lifecycle
+
+    def reset(self) -> None:
+        """Forget every sample; keep the specs (and the layout, so syncs stay cheap)."""
+        self._dirty = []
+        for buf in self._fast.values():
+            del buf[:]
+        self._dev = {}
+        self._rows[:] = st.IDENTITY
+        for cells in self._sketch.values():
+            cells[:] = 0.0
+        for agg in self._agg.values():
+            agg[:] = _AGG_IDENTITY
+
+    @property
+    def names(self) -> list[str]:
+        """Names holding at least one sample (recorded or merged), in first-record order.
+
+        Tensor records not yet computed count when they held any element.
+        """
+        self._fold_pending()
+        n = len(self._names)
+        held = self._rows[:n, st.W] > 0
+        for slot, agg in self._agg.items():
+            held[slot] |= bool(agg[:, 1].any())
+        for accs in self._dev.values():
+            held[list(accs)] = True
+        return [name for name, h in zip(self._names, held.tolist()) if h]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in set(self.names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __repr__(self) -> str:
+        return f"Metrics({len(self)} names)"
+
+    def glob(self, pattern: str) -> list[str]:
+        """Names holding samples that match ``pattern``."""
+        return [n for n in self.names if fnmatch.fnmatchcase(n, pattern)]
+
+    # ---------------------------------------------------------------- merging
+
+    def merge(self, other: Metrics) -> Metrics:
+        """Merge ``other`` into this object in place and return it.
+
+        Exact and commutative; ``SpecMismatchError`` (and nothing merged) when a
+        name resolves to different specs on the two sides. For ``across``
+        metrics, ``other`` counts as one rank.
+        """
+        if not isinstance(other, Metrics):
+            raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")
+        if other is self:
+            other = self.copy()
+        self._fold()
+        other._fold()
+        table = self._table.copy()
+        for key, spec in other._table.rules():
+            table.add(key, spec)
+        respec = self._check_rules(table)
+        respec_slots = {slot for slot, _ in respec}
+        for slot, name in enumerate(other._names):
+            theirs = other._specs[slot]
+            mine_slot = self._index.get(name)
+            if mine_slot is not None and mine_slot not in respec_slots:
+                mine: Spec | None = self._specs[mine_slot]
+            else:
+                mine = table.explicit(name)
+            if mine is not None and mine != theirs:
+                raise SpecMismatchError(
+                    f"metric {name!r} is {mine!r} on one side and {theirs!r} on the other"
+                )
+        self._table = table
+        for slot, spec in respec:
+            self._respec(slot, spec)
+        self._absorb(other)
+        return self
+
+    def _absorb(self, other: Metrics) -> None:
+        """Merge other's (folded, spec-checked) state in; other counts as one rank."""
+        theirs = list(range(len(other._names)))
+        mine = [self._slot(name, other._specs[s]) for s, name in zip(theirs, other._names)]
+        exact = [(m, t) for m, t in zip(mine, theirs) if other._specs[t].across == "exact"]
+        if exact:
+            m_idx = np.array([m for m, _ in exact])
+            t_idx = np.array([t for _, t in exact])
+            self._rows[m_idx] = st.merge_rows(self._rows[m_idx], other._rows[t_idx], np)
+            for m, t in exact:
+                if t in other._sketch:
+                    self._sketch[m] += other._sketch[t]
+        across = [(m, t) for m, t in zip(mine, theirs) if other._specs[t].across != "exact"]
+        if across:
+            local = other._local_values([t for _, t in across])
+            for i, (m, t) in enumerate(across):
+                agg = _merge_agg(self._agg[m], other._agg[t])
+                if other._rows[t, st.W] > 0:
+                    agg = _merge_agg(agg, _agg_of(local[i, : len(agg)]))
+                self._agg[m] = agg
+                self._rows[m, st.DROP] += other._rows[t, st.DROP]
+
+    def copy(self) -> Metrics:
+        """An independent copy (specs and state)."""
+        self._fold()
+        new = Metrics()
+        new._table = self._table.copy()
+        new._names = list(self._names)
+        new._index = dict(self._index)
+        new._specs = list(self._specs)
+        new._rows = self._rows.copy()
+        new._sketch = {k: v.copy() for k, v in self._sketch.items()}
+        new._agg = {k: v.copy() for k, v in self._agg.items()}
+        new._fast = {name: array("d") for name in self._fast}
+        new._version = 1
+        return new
+
+    # ---------------------------------------------------- bytes, checkpoints
+
+    def to_bytes(self) -> bytes:
+        """A versioned binary encoding of specs and states (no pickle inside)."""
+        from .codec import encode
+
+        self._fold()
+        return encode(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Metrics:
+        """Decode :meth:`to_bytes` output; ``CodecError`` for anything malformed."""
+        from .codec import decode
+
+        return decode(data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_from_bytes, (self.to_bytes(),))
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpointable dict: ``{"metricsync": 1, "data": bytes}``."""
+        return {"metricsync": 1, "data": self.to_bytes()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace specs and state with those of a :meth:`state_dict`."""
+        from .errors import CodecError
+
+        if not isinstance(state, Mapping) or state.get("metricsync") != 1 or "data" not in state:
+            raise CodecError("not a metricsync state_dict (expected keys 'metricsync' and 'data')")
+        loaded = Metrics.from_bytes(state["data"])
+        self.__dict__.update(loaded.__dict__)
+
+    # ---------------------------------------------------------------- syncing
+
+    def sync(self, group: Any = None, *, timeout: float | None = None) -> Metrics:
+        """The merge over every rank of ``group``, identical on every rank; self is unchanged.
+
+        Without an initialized process group, a copy. See :mod:`metricsync.sync`.
+        """
+        from .sync import sync
+
+        return sync(self, group=group, timeout=timeout)
+
+
+def _from_bytes(data: bytes) -> Metrics:
+    return Metrics.from_bytes(data)
+
+
+def merge(metrics: Iterable[Metrics]) -> Metrics:
+    """A new :class:`Metrics` holding the merge of ``metrics`` (inputs unchanged).
+
+    >>> import metricsync as ms
+    >>> a, b = ms.Metrics(), ms.Metrics()
+    >>> a.record("x", [1.0, 2.0]); b.record("x", 6.0)
+    >>> ms.merge([a, b]).compute()
+    {'x': 3.0}
+    """
+    result = Metrics()
+    for item in metrics:
+        result.merge(item)
+    return result
+
+
+def _layout(spec: Spec) -> Any:
+    from .sketch import sketch_layout
+
+    return sketch_layout(spec.accuracy)
+
+
+def _quantile(stat: str) -> float | None:
+    from .spec import quantile_of
+
+    return quantile_of(stat)
+
+
+def _agg_of(values: np.ndarray) -> np.ndarray:
+    """One rank's statistics as an across-aggregate."""
+    agg = np.empty((len(values), 4))
+    agg[:, 0] = values
+    agg[:, 1] = 1.0
+    agg[:, 2] = values
+    agg[:, 3] = -values
+    return agg
+
+
+def _merge_agg(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = a + b
+    out[:, 2:] = np.maximum(a[:, 2:], b[:, 2:])
+    return out
+
+
+def _combine_across(
+    across: str, agg: np.ndarray, local: np.ndarray, has_local: bool
+) -> np.ndarray | None:
+    """The per-rank combination of finished ranks (``agg``) and this rank's own values."""
+    if has_local:
+        agg = _merge_agg(agg, _agg_of(local))
+    ranks = agg[:, 1]
+    if not ranks.any():
+        return None
+    if across == "mean":
+        return agg[:, 0] / np.where(ranks > 0, ranks, 1.0)
+    if across == "sum":
+        return agg[:, 0].copy()
+    if across == "max":
+        return agg[:, 2].copy()
+    return -agg[:, 3]
