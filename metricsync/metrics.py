@@ -171,6 +171,8 @@ class Metrics:
             w = np.where(nonfinite, 0.0, 1.0 if w is None else w)
         self._fold_pending()
         slot = self._slot(name, spec)
+        if spec.nan != "error" and name not in self._fast:
+            self._fast[name] = array("d")  # later Python numbers take the fast path
         if len(values) == 0:
             return
         rows = st.rows_from_samples(values, w, np.array([0, len(values)]), st.now_us())
@@ -220,8 +222,6 @@ class Metrics:
         name = self._names[slot]
         self._version += 1
         self._fast.pop(name, None)
-        if spec.nan != "error":
-            self._fast[name] = array("d")
         self._sketch.pop(slot, None)
         if spec.needs_sketch:
             self._sketch[slot] = np.zeros(_layout(spec).n_cells)
@@ -526,7 +526,6 @@ class Metrics:
         new._rows = self._rows.copy()
         new._sketch = {k: v.copy() for k, v in self._sketch.items()}
         new._agg = {k: v.copy() for k, v in self._agg.items()}
-        new._fast = {name: array("d") for name in self._fast}
         new._version = 1
         return new
 

@@ -1,0 +1,439 @@
+"""Synchronizing :class:`~metricsync.Metrics` across ``torch.distributed`` ranks.
+
+Steady state is three collectives whatever the number of metrics:
+
+1. a fixed-size ``all_reduce(MAX)`` of ``[fp, -fp, n, -n, error]`` checks that
+   every rank holds the same layout (names and specs, fingerprinted with
+   BLAKE2b) and that no rank holds invalid device data;
+2. one ``all_reduce(MAX)`` of every max-like column (max, -min, time of the
+   latest sample, each rank's mean as the shift for variance);
+3. one ``all_reduce(SUM)`` of every sum-like column (weights, weighted sums,
+   shifted second moments, sketch buckets, per-rank aggregates).
+
+When layouts differ, ranks exchange them as bytes in ``uint8`` tensors (two
+``all_gather`` calls, no pickle), agree on the union, and remember it, so the
+next sync with the same names is steady state again. A name whose spec
+differs between ranks raises :class:`~metricsync.SpecMismatchError` on every
+rank. A collective that does not finish within ``timeout`` raises
+:class:`~metricsync.SyncError`.
+
+Variance stays stable without raw sums of squares: each rank sends
+``M2 + W (mean - c)^2`` around a common shift ``c`` (the largest rank mean,
+known after step 2), and the merged ``M2`` subtracts ``W (mean - c)^2``.
+
+>>> import metricsync as ms
+>>> m = ms.Metrics(); m.record("loss", [1.0, 3.0])
+>>> m.sync().compute()  # no process group: a copy
+{'loss': 2.0}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import state as st
+from .errors import SpecMismatchError, SyncError
+from .spec import Spec
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
+__all__ = ["Layout", "sync"]
+
+_MASK62 = (1 << 62) - 1
+_F64 = None  # torch.float64, set lazily
+
+# Column groups of one metric in the packed buffers.
+_MAX_COLS = 4  # MAX, NEGMIN, T, local mean (variance shift)
+_SUM_COLS = 6  # W, S, DROP, shifted M2, tied LAST, tied count, (+ NaN flag below)
+
+
+class Layout:
+    """An agreed, name-sorted list of (name, spec) with its fingerprint and derived indexes."""
+
+    def __init__(self, entries: list[tuple[str, Spec]]) -> None:
+        self.entries = entries
+        self.names = [name for name, _ in entries]
+        self.specs = [spec for _, spec in entries]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        text = json.dumps([[name, spec.to_json()] for name, spec in entries], separators=(",", ":"))
+        self.blob = text.encode()
+        digest = hashlib.blake2b(self.blob, digest_size=8).digest()
+        self.fingerprint = int.from_bytes(digest, "little") & _MASK62
+        self.across = [i for i, spec in enumerate(self.specs) if spec.across != "exact"]
+        self.exact = np.array([spec.across == "exact" for spec in self.specs], dtype=bool)
+        self.sketch = [i for i, spec in enumerate(self.specs) if spec.needs_sketch]
+
+    @classmethod
+    def from_blob(cls, blob: bytes) -> Layout:
+        return cls([(name, Spec.from_json(text)) for name, text in json.loads(blob.decode())])
+
+    def covers(self, names: list[str], specs: list[Spec]) -> bool:
+        """Whether every (name, spec) is in this layout."""
+        for name, spec in zip(names, specs):
+            i = self.index.get(name)
+            if i is None or self.specs[i] != spec:
+                return False
+        return True
+
+
+def _own_layout(metrics: Metrics) -> Layout:
+    cache = metrics._sync_cache
+    if cache.get("own_version") != metrics._version:
+        entries = sorted(zip(metrics._names, metrics._specs), key=lambda e: e[0])
+        cache["own"] = Layout(entries)
+        cache["own_version"] = metrics._version
+        cache.pop("plans", None)
+    layout: Layout = cache["own"]
+    return layout
+
+
+def _proposal(metrics: Metrics, group_key: Any) -> Layout:
+    """The layout this rank proposes: the last agreed union if it still covers us, else our own."""
+    own = _own_layout(metrics)
+    union = metrics._sync_cache.get(("union", group_key))
+    if union is not None:
+        checked = metrics._sync_cache.get(("covers", group_key))
+        if checked != (metrics._version, union.fingerprint):
+            if not union.covers(metrics._names, metrics._specs):
+                return own
+            metrics._sync_cache[("covers", group_key)] = (metrics._version, union.fingerprint)
+        return union
+    return own
+
+
+def _slot_index(metrics: Metrics, layout: Layout) -> np.ndarray:
+    """For each layout position, this rank's slot (or ``len(slots)`` for the identity row)."""
+    plans = metrics._sync_cache.setdefault("plans", {})
+    key = layout.fingerprint
+    idx = plans.get(key)
+    if idx is None:
+        n = len(metrics._names)
+        idx = np.array([metrics._index.get(name, n) for name in layout.names], dtype=np.int64)
+        plans[key] = idx
+    result: np.ndarray = idx
+    return result
+
+
+class _Comm:
+    """The collectives of one sync, each with a timeout turned into ``SyncError``."""
+
+    def __init__(self, dist: Any, group: Any, timeout: float | None) -> None:
+        self.dist = dist
+        self.group = group
+        self.timeout = None if timeout is None else timedelta(seconds=timeout)
+        self.count = 0
+
+    def _wait(self, work: Any, what: str) -> None:
+        self.count += 1
+        try:
+            if self.timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout=self.timeout)
+        except Exception as exc:  # the backend's timeout or a peer that went away
+            raise SyncError(f"metricsync sync: {what} did not complete: {exc}") from exc
+
+    def all_reduce(self, tensor: Any, op: Any, what: str) -> Any:
+        try:
+            work = self.dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
+        except Exception as exc:
+            raise SyncError(f"metricsync sync: {what} failed to start: {exc}") from exc
+        self._wait(work, what)
+        return tensor
+
+    def all_gather(self, tensor: Any, world: int, what: str) -> list[Any]:
+        import torch
+
+        out = [torch.empty_like(tensor) for _ in range(world)]
+        try:
+            work = self.dist.all_gather(out, tensor, group=self.group, async_op=True)
+        except Exception as exc:
+            raise SyncError(f"metricsync sync: {what} failed to start: {exc}") from exc
+        self._wait(work, what)
+        return out
+
+
+def sync(metrics: Metrics, group: Any = None, timeout: float | None = None) -> Metrics:
+    """Merge ``metrics`` over every rank of ``group``; see the module docstring."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return metrics.copy()
+    if not (dist.is_available() and dist.is_initialized()):
+        return metrics.copy()
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError("this rank is not a member of the given process group")
+    world = dist.get_world_size(group)
+    device = _comm_device(dist, group, torch)
+    comm = _Comm(dist, group, timeout)
+    metrics._fold_pending()
+    local_error = _device_error_flag(metrics, device, torch)
+
+    group_key = (id(group), world)
+    proposal = _proposal(metrics, group_key)
+    check = torch.tensor(
+        [proposal.fingerprint, -proposal.fingerprint, len(proposal.names), -len(proposal.names), 0],
+        dtype=torch.int64,
+        device=device,
+    )
+    if local_error is not None:
+        check[4] = local_error.to(torch.int64)
+    comm.all_reduce(check, dist.ReduceOp.MAX, "the layout check")
+    fp_max, fp_neg_min, n_max, n_neg_min, error = check.tolist()
+    if error:
+        _raise_error(metrics)
+    if fp_max == -fp_neg_min and n_max == -n_neg_min:
+        layout = proposal
+    else:
+        layout = _exchange_layouts(metrics, comm, world, device, torch)
+        metrics._sync_cache[("union", group_key)] = layout
+    result = _reduce(metrics, layout, comm, device, torch)
+    metrics._sync_cache[("last_collectives", group_key)] = comm.count
+    return result
+
+
+def _comm_device(dist: Any, group: Any, torch: Any) -> Any:
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _device_error_flag(metrics: Metrics, device: Any, torch: Any) -> Any:
+    """A 0-d tensor on ``device``: 1 when any device record failed its checks (no host read)."""
+    flags = [acc.bad.to(device) for accs in metrics._dev.values() for acc in accs.values()]
+    if not flags:
+        return None
+    return (torch.stack(flags) != 0).any()
+
+
+def _raise_error(metrics: Metrics) -> None:
+    try:
+        metrics._fold_devices()  # raises the ValueError naming the metric on the rank that has it
+    except ValueError:
+        raise
+    raise SyncError("metricsync sync: another rank recorded invalid data (see that rank's error)")
+
+
+def _exchange_layouts(metrics: Metrics, comm: _Comm, world: int, device: Any, torch: Any) -> Layout:
+    own = _own_layout(metrics)
+    size = torch.tensor([len(own.blob)], dtype=torch.int64, device=device)
+    sizes = [int(s.item()) for s in comm.all_gather(size, world, "the layout size exchange")]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[: len(own.blob)] = torch.frombuffer(bytearray(own.blob), dtype=torch.uint8).to(device)
+    blobs = comm.all_gather(padded, world, "the layout exchange")
+    union: dict[str, Spec] = {}
+    for rank, (blob, n) in enumerate(zip(blobs, sizes)):
+        for name, spec in Layout.from_blob(bytes(blob[:n].cpu().numpy().tobytes())).entries:
+            seen = union.setdefault(name, spec)
+            if seen != spec:
+                raise SpecMismatchError(
+                    f"metric {name!r} is {seen!r} on one rank and {spec!r} on rank {rank}"
+                )
+    return Layout(sorted(union.items()))
+
+
+def _local_table(metrics: Metrics, layout: Layout, device: Any, torch: Any) -> Any:
+    """This rank's state rows in layout order, on ``device``, device accumulators merged in."""
+    n = len(metrics._names)
+    idx = _slot_index(metrics, layout)
+    host = np.concatenate([metrics._rows[:n], st.IDENTITY[None, :]])
+    table = torch.from_numpy(host[idx]).to(device)
+    for accs in metrics._dev.values():
+        if not accs:
+            continue
+        positions = [layout.index[metrics._names[s]] for s in accs]
+        pos = torch.tensor(positions, device=device)
+        rows = torch.stack([acc.row.to(device) for acc in accs.values()])
+        table[pos] = st.merge_rows(table[pos], rows, torch)
+    return table
+
+
+def _local_sketch(metrics: Metrics, name: str, torch: Any, device: Any) -> Any:
+    slot = metrics._index.get(name)
+    if slot is None:
+        return None
+    cells = torch.from_numpy(metrics._sketch[slot]).to(device)
+    for accs in metrics._dev.values():
+        acc = accs.get(slot)
+        if acc is not None and acc.sketch is not None:
+            cells = cells + acc.sketch.to(device)
+    return cells
+
+
+def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, device: Any, torch: Any) -> Metrics:
+    f64 = torch.float64
+    k = len(layout.names)
+    table = _local_table(metrics, layout, device, torch)
+    exact = torch.from_numpy(layout.exact).to(device)
+
+    # Per-rank results of `across` metrics become aggregate rows; their local rows travel as empty.
+    agg_parts = _across_aggregates(metrics, layout, table, torch, device)
+    if layout.across:
+        drop = table[:, st.DROP].clone()
+        table = torch.where(exact[:, None], table, torch.from_numpy(st.IDENTITY).to(device))
+        table[:, st.DROP] = drop
+    agg = torch.cat(agg_parts) if agg_parts else torch.zeros((0, 4), dtype=f64, device=device)
+
+    w = table[:, st.W]
+    has = w > 0
+    mean = torch.where(has, table[:, st.S] / torch.where(has, w, 1.0), float("-inf"))
+    mean = torch.where(torch.isnan(mean), float("-inf"), mean)
+    max_buf = torch.cat([table[:, [st.MAX, st.NEGMIN, st.T]], mean[:, None]], dim=1).reshape(-1)
+    max_buf = torch.cat([max_buf, agg[:, 2:].reshape(-1)])
+    nan_mm = (torch.isnan(table[:, st.MAX]) | torch.isnan(table[:, st.NEGMIN])).to(f64)
+    max_buf = torch.where(torch.isnan(max_buf), float("-inf"), max_buf)
+    comm.all_reduce(max_buf, comm.dist.ReduceOp.MAX, "the MAX all_reduce")
+
+    red_max = max_buf[: k * _MAX_COLS].reshape(k, _MAX_COLS)
+    t_max = red_max[:, 2]
+    shift = red_max[:, 3]
+    shift = torch.where(torch.isfinite(shift), shift, 0.0)
+    d = torch.where(has, table[:, st.S] / torch.where(has, w, 1.0) - shift, 0.0)
+    m2_shifted = table[:, st.M2] + w * d * d
+    tied = (table[:, st.T] == t_max) & (t_max > float("-inf"))
+    last_tied = torch.where(tied, table[:, st.LAST], 0.0)
+    sums = [
+        torch.stack(
+            [w, table[:, st.S], table[:, st.DROP], m2_shifted, last_tied, tied.to(f64), nan_mm],
+            dim=1,
+        ).reshape(-1),
+        agg[:, :2].reshape(-1),
+    ]
+    sketch_sizes = []
+    for i in layout.sketch:
+        cells = _local_sketch(metrics, layout.names[i], torch, device)
+        if cells is None or not bool(layout.exact[i]):
+            from .sketch import sketch_layout
+
+            cells = torch.zeros(
+                sketch_layout(layout.specs[i].accuracy).n_cells, dtype=f64, device=device
+            )
+        sums.append(cells)
+        sketch_sizes.append(len(cells))
+    sum_buf = torch.cat(sums)
+    comm.all_reduce(sum_buf, comm.dist.ReduceOp.SUM, "the SUM all_reduce")
+
+    ncols = _SUM_COLS + 1
+    red_sum = sum_buf[: k * ncols].reshape(k, ncols)
+    ties = red_sum[:, 5]
+    last = red_sum[:, 4] / torch.where(ties > 0, ties, 1.0)
+    if bool((ties > 1).any()):  # equal times on several ranks: the larger value wins
+        cand = torch.where(tied & (ties > 1), table[:, st.LAST], float("-inf"))
+        comm.all_reduce(cand, comm.dist.ReduceOp.MAX, "the tie-break all_reduce")
+        last = torch.where(ties > 1, cand, last)
+
+    out = torch.empty((k, st.NCOL), dtype=f64, device=device)
+    total_w = red_sum[:, 0]
+    out[:, st.W] = total_w
+    out[:, st.S] = red_sum[:, 1]
+    out[:, st.DROP] = red_sum[:, 2]
+    nan_any = red_sum[:, 6] > 0
+    out[:, st.MAX] = torch.where(nan_any, float("nan"), red_max[:, 0])
+    out[:, st.NEGMIN] = torch.where(nan_any, float("nan"), red_max[:, 1])
+    out[:, st.T] = t_max
+    out[:, st.LAST] = last
+    pos = total_w > 0
+    d_all = torch.where(pos, red_sum[:, 1] / torch.where(pos, total_w, 1.0) - shift, 0.0)
+    m2 = red_sum[:, 3] - total_w * d_all * d_all
+    out[:, st.M2] = torch.where(m2 < 0, 0.0, m2)
+
+    n_agg = agg.shape[0]
+    agg_sums = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
+    agg_max = max_buf[k * _MAX_COLS :].reshape(n_agg, 2)
+    rest = sum_buf[k * ncols + 2 * n_agg :]
+    host = (
+        torch.cat([out.reshape(-1), agg_sums.reshape(-1), agg_max.reshape(-1), rest]).cpu().numpy()
+    )
+    return _build_result(metrics, layout, host, n_agg, sketch_sizes)
+
+
+def _across_aggregates(
+    metrics: Metrics, layout: Layout, table: Any, torch: Any, device: Any
+) -> list[Any]:
+    """Per across metric, its (stats x 4) aggregate: own finished ranks plus this rank's values."""
+    from .metrics import _AGG_IDENTITY, _agg_of, _merge_agg
+
+    parts: list[Any] = []
+    if not layout.across:
+        return parts
+    rows = table[layout.across].cpu().numpy()
+    scratch = _scratch(metrics, layout, rows)
+    local = scratch._local_values(list(range(len(layout.across))))
+    for j, i in enumerate(layout.across):
+        spec = layout.specs[i]
+        slot = metrics._index.get(layout.names[i])
+        base = (
+            metrics._agg[slot]
+            if slot is not None
+            else np.tile(_AGG_IDENTITY, (len(spec.reduce), 1))
+        )
+        agg = base.copy()
+        if rows[j, st.W] > 0:
+            agg = _merge_agg(agg, _agg_of(local[j, : len(spec.reduce)]))
+        parts.append(torch.from_numpy(agg).to(device))
+    return parts
+
+
+def _scratch(metrics: Metrics, layout: Layout, rows: np.ndarray) -> Metrics:
+    """A throwaway Metrics holding this rank's rows of the across metrics (to compute local values)."""
+    from .metrics import Metrics
+
+    scratch = Metrics()
+    for j, i in enumerate(layout.across):
+        name, spec = layout.names[i], layout.specs[i]
+        scratch._slot(name, spec)
+        scratch._rows[j] = rows[j]
+        slot = metrics._index.get(name)
+        if spec.needs_sketch and slot is not None:
+            scratch._sketch[j] = metrics._sketch[slot].copy()
+            for accs in metrics._dev.values():
+                acc = accs.get(slot)
+                if acc is not None and acc.sketch is not None:
+                    scratch._sketch[j] += acc.sketch.cpu().numpy()
+    return scratch
+
+
+def _build_result(
+    metrics: Metrics, layout: Layout, host: np.ndarray, n_agg: int, sketch_sizes: list[int]
+) -> Metrics:
+    from .metrics import Metrics
+
+    k = len(layout.names)
+    result = Metrics()
+    result._table = metrics._table.copy()
+    result._names = list(layout.names)
+    result._index = dict(layout.index)
+    result._specs = list(layout.specs)
+    result._rows = host[: k * st.NCOL].reshape(k, st.NCOL).copy()
+    if k == 0:
+        result._rows = st.empty_rows(8)
+    offset = k * st.NCOL
+    agg_sums = host[offset : offset + 2 * n_agg].reshape(n_agg, 2)
+    offset += 2 * n_agg
+    agg_max = host[offset : offset + 2 * n_agg].reshape(n_agg, 2)
+    offset += 2 * n_agg
+    row = 0
+    for i in layout.across:
+        count = len(layout.specs[i].reduce)
+        agg = np.empty((count, 4))
+        agg[:, :2] = agg_sums[row : row + count]
+        agg[:, 2:] = agg_max[row : row + count]
+        result._agg[i] = agg
+        row += count
+    for i, size in zip(layout.sketch, sketch_sizes):
+        result._sketch[i] = host[offset : offset + size].copy()
+        offset += size
+    result._version = 1
+    result._sync_cache["own"] = layout
+    result._sync_cache["own_version"] = 1
+    return result
