@@ -1,0 +1,382 @@
+"""A fixed-size, mergeable quantile sketch (the DDSketch idea) as pure functions.
+
+A sketch is a plain float64 vector of ``layout.n_cells`` cells. Two sketches
+merge by elementwise addition, so the sketches of many metrics can travel in
+one SUM all-reduce. A sample ``x`` with weight ``w`` adds ``w`` to one cell:
+
+- finite nonzero ``x`` goes to the log bucket ``i = ceil(log_gamma |x|)`` of its
+  sign, with ``gamma = (1 + a) / (1 - a)`` for relative accuracy ``a``; bucket
+  ``i`` holds magnitudes in ``(gamma**(i-1), gamma**i]`` and answers with
+  ``2 * gamma**i / (gamma + 1)``, which is within ``a`` of every value in it;
+- exact zeros (either sign) go to the zero cell, ``+inf``/``-inf`` and NaN to
+  their own cells.
+
+Covered magnitudes: ``[MIN_MAGNITUDE, MAX_MAGNITUDE] = [1e-16, 1e19]`` for every
+accuracy, which at ``a = 0.01`` takes 4031 buckets per sign (8067 cells,
+63 KiB). A finite nonzero magnitude outside the buckets is clamped into the
+extreme bucket of its sign, and its weight is also added to the clamped cell
+that :func:`clamped_count` reports. Accuracies finer than about 0.00985 do not
+fit in 64 KiB and raise ``ValueError``.
+
+Cell order (``B = layout.n_buckets``), ascending by value up to ``+inf`` so that a
+cumulative sum over cells ``[0, nan_cell)`` is the weighted CDF::
+
+    0            -inf
+    1 .. B       negative buckets, largest magnitude first
+    B + 1        exact zeros                          (layout.zero_cell)
+    B + 2 .. 2B+1  positive buckets, smallest magnitude first
+    2B + 2       +inf                                 (layout.pos_inf_cell)
+    2B + 3       NaN                                  (layout.nan_cell)
+    2B + 4       clamped weight (a side counter)      (layout.clamped_cell)
+
+>>> import numpy as np
+>>> layout = sketch_layout(0.01)
+>>> a = ingest_numpy(layout, np.array([1.0, 2.0, 3.0]))
+>>> b = ingest_numpy(layout, np.array([4.0, 5.0]))
+>>> query(layout, (a + b)[None], [0.5], np.array([1.0]), np.array([5.0])).round(2)
+array([[2.97]])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_MAGNITUDE",
+    "MIN_MAGNITUDE",
+    "SketchLayout",
+    "clamped_count",
+    "ingest_numpy",
+    "ingest_torch",
+    "query",
+    "sketch_layout",
+]
+
+MIN_MAGNITUDE = 1e-16  #: smallest magnitude every layout resolves to accuracy ``a``
+MAX_MAGNITUDE = 1e19  #: largest magnitude every layout resolves to accuracy ``a``
+MAX_BYTES = 65536  #: the state of one sketch stays within 64 KiB
+
+
+@dataclass(frozen=True)
+class SketchLayout:
+    """Where each bucket of a sketch with relative accuracy ``accuracy`` lives.
+
+    ``min_index``/``max_index`` are the bucket indices ``ceil(log_gamma |x|)``
+    of the smallest and largest covered magnitude; both signs share them.
+
+    >>> layout = sketch_layout(0.01)
+    >>> layout.n_buckets, layout.n_cells, layout.zero_cell
+    (4031, 8067, 4032)
+    """
+
+    accuracy: float
+    gamma: float
+    ln_gamma: float
+    min_index: int
+    max_index: int
+
+    @property
+    def n_buckets(self) -> int:
+        """Number of log buckets per sign."""
+        return self.max_index - self.min_index + 1
+
+    @property
+    def n_cells(self) -> int:
+        """Total float64 cells: both stores plus -inf, zero, +inf, NaN and clamped."""
+        return 2 * self.n_buckets + 5
+
+    @property
+    def neg_inf_cell(self) -> int:
+        """Cell counting ``-inf`` samples."""
+        return 0
+
+    @property
+    def zero_cell(self) -> int:
+        """Cell counting exact zeros; bucket ``i`` of sign ``s`` sits at ``zero_cell + s*(i - min_index + 1)``."""
+        return self.n_buckets + 1
+
+    @property
+    def pos_inf_cell(self) -> int:
+        """Cell counting ``+inf`` samples."""
+        return 2 * self.n_buckets + 2
+
+    @property
+    def nan_cell(self) -> int:
+        """Cell counting NaN samples; any weight here makes every quantile NaN."""
+        return 2 * self.n_buckets + 3
+
+    @property
+    def clamped_cell(self) -> int:
+        """Side counter: weight of samples clamped into an extreme bucket."""
+        return 2 * self.n_buckets + 4
+
+
+def sketch_layout(accuracy: float = 0.01) -> SketchLayout:
+    """Return the (cached) layout for relative accuracy ``accuracy`` in (0, 1).
+
+    Raises ``ValueError`` when ``accuracy`` is outside (0, 1) or when covering
+    ``[MIN_MAGNITUDE, MAX_MAGNITUDE]`` at that accuracy needs more than 64 KiB.
+
+    >>> sketch_layout(0.02).n_cells
+    4035
+    >>> sketch_layout(0.005)
+    Traceback (most recent call last):
+    ...
+    ValueError: a sketch with relative accuracy 0.005 needs 16125 cells (126 KiB) to cover magnitudes 1e-16..1e+19; at most 8192 cells (64 KiB) fit; use an accuracy >= 0.00985
+    """
+    a = float(accuracy)
+    if not (0.0 < a < 1.0):
+        raise ValueError(f"sketch accuracy must lie in (0, 1), got {accuracy!r}")
+    return _layout(a)
+
+
+@cache
+def _layout(a: float) -> SketchLayout:
+    ln_gamma = math.log1p(a) - math.log1p(-a)
+    layout = SketchLayout(
+        accuracy=a,
+        gamma=(1.0 + a) / (1.0 - a),
+        ln_gamma=ln_gamma,
+        min_index=math.ceil(math.log(MIN_MAGNITUDE) / ln_gamma),
+        max_index=math.ceil(math.log(MAX_MAGNITUDE) / ln_gamma),
+    )
+    if layout.n_cells * 8 > MAX_BYTES:
+        max_cells = MAX_BYTES // 8
+        span = math.log(MAX_MAGNITUDE) - math.log(MIN_MAGNITUDE)
+        finest = math.tanh(span / ((max_cells - 5) // 2 - 2) / 2)  # a = (g - 1) / (g + 1)
+        raise ValueError(
+            f"a sketch with relative accuracy {a:g} needs {layout.n_cells} cells "
+            f"({math.ceil(layout.n_cells * 8 / 1024)} KiB) to cover magnitudes "
+            f"{MIN_MAGNITUDE:g}..{MAX_MAGNITUDE:g}; at most {max_cells} cells (64 KiB) fit; "
+            f"use an accuracy >= {math.ceil(finest * 1e5) / 1e5:g}"
+        )
+    return layout
+
+
+def ingest_numpy(
+    layout: SketchLayout, values: npt.ArrayLike, weights: npt.ArrayLike | None = None
+) -> np.ndarray:
+    """Sketch ``values`` (any shape; every element a sample) into ``(n_cells,)`` float64 cells.
+
+    ``weights`` (finite, >= 0, broadcastable to ``values``) are summed per cell;
+    ``None`` means weight 1 each. Vectorized over chunks of 64Ki samples (one
+    ``log`` and one ``bincount`` each); NaN, infinities and out-of-range
+    magnitudes, if any, take a second look on their own.
+
+    >>> layout = sketch_layout()
+    >>> cells = ingest_numpy(layout, np.array([0.0, 1.0, 1.0, np.inf]), np.array([1.0, 2.0, 0.5, 1.0]))
+    >>> cells[layout.zero_cell], cells[layout.zero_cell + 1 - layout.min_index], cells[layout.pos_inf_cell]
+    (np.float64(1.0), np.float64(2.5), np.float64(1.0))
+    """
+    x = np.asarray(values).ravel()
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"sketch values must be real numbers, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    w = None
+    if weights is not None:
+        w = np.broadcast_to(np.asarray(weights, dtype=np.float64), np.shape(values)).ravel()
+    n = min(x.size, _CHUNK)
+    scratch = (np.empty(n, x.dtype), np.empty(n), np.empty(n, np.intp))
+    counts = np.zeros(layout.n_cells)
+    for start in range(0, x.size, _CHUNK):  # chunks keep the temporaries in cache
+        stop = start + _CHUNK
+        counts += _ingest_chunk(
+            layout, x[start:stop], None if w is None else w[start:stop], scratch
+        )
+    return counts
+
+
+_CHUNK = 1 << 16
+
+
+def _ingest_chunk(
+    layout: SketchLayout,
+    x: np.ndarray,
+    w: np.ndarray | None,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """Cells of one chunk of float32/float64 samples, using ``scratch`` buffers."""
+    lo, hi, zero = layout.min_index, layout.max_index, layout.zero_cell
+    # Clip |x| to half a bucket beyond the covered range (NaN and 0 -> low end,
+    # inf -> high end) so that k = ceil(log_gamma |x|) is finite and in-range
+    # values keep exactly the k of the unclipped formula that ingest_torch uses.
+    smallest = x.min()  # NaN if any sample is NaN
+    tiny, huge = math.exp((lo - 1.5) * layout.ln_gamma), math.exp((hi + 0.5) * layout.ln_gamma)
+    a = np.abs(x, out=scratch[0][: x.size])
+    if smallest >= 0 or smallest < 0:
+        np.clip(a, tiny, huge, out=a)
+    else:  # fmax/fmin send NaN to the low end; clip would keep it
+        np.fmin(np.fmax(a, tiny, out=a), huge, out=a)
+    k = np.log(a, out=scratch[1][: x.size], dtype=np.float64)
+    k *= 1.0 / layout.ln_gamma
+    np.ceil(k, out=k)
+    # cell = zero + sign(x) * (k - lo + 1): zeros, NaN and tiny values land on the
+    # zero cell, +-inf and huge values on the +-inf cells; the fix-up sorts them out.
+    if smallest >= 0:
+        k -= lo - 1 - zero
+    else:
+        k -= lo - 1
+        np.copysign(k, x, out=k)
+        k += zero
+    cell = scratch[2][: x.size]
+    np.copyto(cell, k, casting="unsafe")
+    counts = np.bincount(cell, w, minlength=layout.n_cells)
+    ends = (layout.neg_inf_cell, layout.pos_inf_cell)
+    if counts[zero] == 0 and counts[ends[0]] == 0 and counts[ends[1]] == 0:
+        return counts
+    # Some sample hit a sentinel. Exact zeros are where they belong; NaN, infinities
+    # and out-of-range magnitudes get their exact cells (a pass over those only).
+    special = (cell == zero) & (x != 0)
+    special |= cell == ends[0]
+    special |= cell == ends[1]
+    idx = np.flatnonzero(special)
+    if idx.size == 0:
+        return counts
+    cell[idx], clamped = _exact_cells(layout, x[idx].astype(np.float64))
+    counts = np.bincount(cell, w, minlength=layout.n_cells)
+    counts[layout.clamped_cell] = np.count_nonzero(clamped) if w is None else w[idx][clamped].sum()
+    return counts
+
+
+def _exact_cells(layout: SketchLayout, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cells of float64 samples ``x`` without sentinels, and the mask of clamped ones."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = np.ceil(np.log(np.abs(x)) * (1.0 / layout.ln_gamma))
+        k = np.clip(raw, layout.min_index, layout.max_index)
+        cell = np.copysign(k - (layout.min_index - 1), x) + layout.zero_cell
+    cell = np.where(x == 0, layout.zero_cell, cell)
+    cell = np.where(x == np.inf, layout.pos_inf_cell, cell)
+    cell = np.where(x == -np.inf, layout.neg_inf_cell, cell)
+    cell = np.where(np.isnan(x), layout.nan_cell, cell)
+    return cell.astype(np.intp), np.isfinite(raw) & (raw != k)
+
+
+def ingest_torch(
+    layout: SketchLayout, values: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Sketch a tensor into ``(n_cells,)`` float64 cells on ``values.device``.
+
+    Same cells as :func:`ingest_numpy` for the same data, computed in float64
+    with torch ops and ``scatter_add_``; it never reads the device from the
+    host (no ``.item()``, masks or data-dependent branches), so it runs on
+    CUDA without a sync and on the ``meta`` device.
+
+    >>> import torch
+    >>> layout = sketch_layout()
+    >>> cells = ingest_torch(layout, torch.tensor([-1.0, 0.0, 1e40], dtype=torch.float64))
+    >>> cells.shape, float(cells.sum()), float(cells[layout.clamped_cell])
+    (torch.Size([8067]), 4.0, 1.0)
+    >>> ingest_torch(layout, torch.randn(100, device="meta")).device
+    device(type='meta')
+    """
+    import torch
+
+    x = values.detach().reshape(-1)
+    if not x.is_floating_point():  # a dtype check reads metadata only, never the data
+        x = x.to(torch.float64)
+    lo, hi = layout.min_index, layout.max_index
+    raw = x.to(torch.float64, copy=True).abs_().log_().mul_(1.0 / layout.ln_gamma).ceil_()
+    finite = torch.isfinite(raw)  # raw = ceil(log_gamma |x|) is finite for finite nonzero x
+    under, over = finite & (raw < lo), finite & (raw > hi)
+    # Zeros (raw = -inf) sit one step below the smallest bucket: the zero cell;
+    # infinities one step above the largest: the +-inf cells. NaN stays NaN.
+    cell = raw.clamp_(lo - 1, hi + 1).masked_fill_(under, lo).masked_fill_(over, hi)
+    cell = cell.sub_(lo - 1).copysign_(x).add_(layout.zero_cell)
+    cell = cell.nan_to_num_(nan=layout.nan_cell).to(torch.int64)
+    clamped = under.logical_or_(over)
+    out = torch.zeros(layout.n_cells, dtype=torch.float64, device=x.device)
+    if weights is None:
+        out.scatter_add_(0, cell, torch.ones(1, dtype=out.dtype, device=x.device).expand_as(cell))
+        out[layout.clamped_cell] = torch.count_nonzero(clamped)
+    else:
+        w = torch.broadcast_to(weights.detach().to(x.device), values.shape).reshape(-1)
+        w = w.to(torch.float64)
+        out.scatter_add_(0, cell, w)
+        out[layout.clamped_cell] = torch.where(clamped, w, 0.0).sum()
+    return out
+
+
+@cache
+def _representatives(layout: SketchLayout) -> np.ndarray:
+    """Answer of each value-ordered cell ``[0, nan_cell)``: -inf, buckets, 0, buckets, +inf."""
+    idx = np.arange(layout.min_index, layout.max_index + 1, dtype=np.float64)
+    pos = 2.0 * np.exp(idx * layout.ln_gamma) / (layout.gamma + 1.0)
+    reps = np.concatenate([[-np.inf], -pos[::-1], [0.0], pos, [np.inf]])
+    reps.flags.writeable = False
+    return reps
+
+
+def query(
+    layout: SketchLayout,
+    cells: np.ndarray,
+    qs: Sequence[float],
+    vmin: npt.ArrayLike,
+    vmax: npt.ArrayLike,
+) -> np.ndarray:
+    """Quantiles ``qs`` of ``m`` sketches at once: ``cells`` (m, n_cells) -> (m, len(qs)).
+
+    Rank convention: with total weight ``W``, quantile ``q`` answers for the
+    first sample ``x_(j)`` in sorted order whose cumulative weight reaches
+    ``q * W``. Unweighted, that is ``j = ceil(q*n) - 1``, which is always
+    ``floor(q*(n-1))`` or ``ceil(q*(n-1))``, the two samples ``np.quantile``
+    interpolates between. The answer is the representative of ``x_(j)``'s
+    bucket, within relative error ``accuracy`` of ``x_(j)`` (exact for zeros
+    and infinities; unbounded for clamped samples), then clipped into the
+    exact ``[vmin, vmax]`` the caller tracks; ``q = 0`` and ``q = 1`` return
+    ``vmin`` and ``vmax`` exactly. Rows with zero total weight, or any weight
+    on NaN, give NaN. A 1-D ``cells`` gives a 1-D result.
+
+    >>> layout = sketch_layout()
+    >>> cells = np.stack([ingest_numpy(layout, np.arange(1.0, 101.0)), np.zeros(layout.n_cells)])
+    >>> query(layout, cells, [0.0, 0.5, 0.99, 1.0], np.array([1.0, 0.0]), np.array([100.0, 0.0])).round(2)
+    array([[  1. ,  49.9,  98.5, 100. ],
+           [  nan,   nan,   nan,   nan]])
+    """
+    c = np.asarray(cells, dtype=np.float64)
+    if c.shape[-1:] != (layout.n_cells,) or c.ndim > 2:
+        raise ValueError(f"sketch cells must have shape (m, {layout.n_cells}), got {c.shape}")
+    one_row = c.ndim == 1
+    c = c.reshape(-1, layout.n_cells)
+    q = np.asarray(qs, dtype=np.float64).reshape(-1)
+    if not np.all((q >= 0.0) & (q <= 1.0)):
+        raise ValueError(f"quantiles must lie in [0, 1], got {list(qs)}")
+    lo = np.broadcast_to(np.asarray(vmin, dtype=np.float64).reshape(-1), (c.shape[0],))
+    hi = np.broadcast_to(np.asarray(vmax, dtype=np.float64).reshape(-1), (c.shape[0],))
+    cum = np.cumsum(c[:, : layout.nan_cell], axis=1)
+    total = cum[:, -1]
+    reps = _representatives(layout)
+    out = np.empty((c.shape[0], q.size))
+    for j, qj in enumerate(q):
+        first = np.count_nonzero(cum < (qj * total)[:, None], axis=1)
+        out[:, j] = reps[np.minimum(first, layout.nan_cell - 1)]
+    with np.errstate(invalid="ignore"):
+        out = np.minimum(np.maximum(out, lo[:, None]), hi[:, None])
+    out[:, q == 0.0] = lo[:, None]
+    out[:, q == 1.0] = hi[:, None]
+    out[(total <= 0) | (c[:, layout.nan_cell] != 0)] = np.nan
+    return out[0] if one_row else out
+
+
+def clamped_count(layout: SketchLayout, cells: np.ndarray) -> np.ndarray:
+    """Weight of samples clamped into an extreme bucket, per row of ``cells`` (m, n_cells) -> (m,).
+
+    >>> layout = sketch_layout()
+    >>> clamped_count(layout, ingest_numpy(layout, np.array([1e40, -1e-40, 1.0, 0.0]))[None])
+    array([2.])
+    """
+    c = np.asarray(cells, dtype=np.float64)
+    if c.shape[-1:] != (layout.n_cells,):
+        raise ValueError(f"sketch cells must have shape (m, {layout.n_cells}), got {c.shape}")
+    return c[..., layout.clamped_cell].copy()
