@@ -49,7 +49,7 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
         raise _type_error(name, what, value)
     if isinstance(value, (bool, int, float)):
         try:
-            return np.array([float(value)])
+            return np.array(float(value))
         except OverflowError:
             raise ValueError(f"metric {name!r}: {value!r} does not fit in a float64") from None
     try:

@@ -26,12 +26,48 @@ from .convert import host_mask, host_weights
 from .spec import Spec
 from .state import DROP, IDENTITY, LAST, M2, MAX, NCOL, NEGMIN, T, merge_rows
 
-__all__ = ["BAD_NAN", "BAD_WEIGHT", "DeviceAccumulator", "torch_weights"]
+__all__ = [
+    "BAD_NAN",
+    "BAD_WEIGHT",
+    "HOST_DEVICE_TYPES",
+    "DeviceAccumulator",
+    "check_on_host",
+    "torch_weights",
+]
 
 BAD_WEIGHT = 1.0
 BAD_NAN = 2.0
 _F64 = torch.float64
 _PLAIN_NEEDS_MINMAX = {"min", "max"}
+#: Device types whose tensors live in host memory. Their values are checked when
+#: recorded, like numpy data; tensors on other devices are checked on the device
+#: and reported by the next ``compute()``/``sync()``.
+HOST_DEVICE_TYPES = frozenset({"cpu"})
+
+
+def check_on_host(name: str, spec: Spec, value: Any, weight: Any) -> None:
+    """Raise ``ValueError`` naming the metric for bad values of a host (CPU) tensor.
+
+    Negative or non-finite weights, and non-finite samples with weight > 0 under
+    ``nan="error"``. A no-op for tensors outside :data:`HOST_DEVICE_TYPES`.
+
+    >>> check_on_host("kl", Spec(), torch.ones(2), torch.tensor([1.0, -1.0], dtype=_F64))
+    Traceback (most recent call last):
+    ...
+    ValueError: metric 'kl': weights must be finite and >= 0, got a negative or non-finite weight
+    """
+    if value.device.type not in HOST_DEVICE_TYPES:
+        return
+    if weight is not None and bool(((weight < 0) | ~torch.isfinite(weight)).any()):
+        raise ValueError(
+            f"metric {name!r}: weights must be finite and >= 0, got a negative or non-finite weight"
+        )
+    if spec.nan == "error" and value.is_floating_point():
+        bad = ~torch.isfinite(value.reshape(-1))
+        if weight is not None:
+            bad &= weight > 0
+        if bool(bad.any()):
+            raise ValueError(f"metric {name!r}: non-finite sample under nan='error'")
 
 
 def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
@@ -55,7 +91,7 @@ def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
                 ) from None
             w = expanded.reshape(-1)
         else:
-            w = torch.as_tensor(host_weights(name, weight, shape)).to(value.device)
+            w = torch.tensor(host_weights(name, weight, shape), device=value.device)
     if mask is not None:
         if isinstance(mask, torch.Tensor):
             if tuple(mask.shape) != shape:
@@ -129,7 +165,8 @@ class DeviceAccumulator:
             else:
                 pos = torch.where(keep, torch.arange(n, device=x.device), -1).max()
                 cols[LAST] = x.gather(0, pos.clamp(min=0).reshape(1))[0].to(_F64)
-                cols[T] = torch.where(pos >= 0, now, float("-inf")).to(_F64)
+                stamp = torch.tensor(now, dtype=_F64, device=x.device)  # float32 would round it
+                cols[T] = torch.where(pos >= 0, stamp, float("-inf"))
         if "var" in stats or "std" in stats:
             mean = ssum / torch.where(wsum > 0, wsum, 1.0)
             dev = xz.to(_F64) - mean

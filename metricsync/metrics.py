@@ -40,6 +40,16 @@ _FLOAT64 = np.float64
 _AGG_IDENTITY = np.array([0.0, 0.0, -np.inf, -np.inf])
 
 
+class _StampedBuffer(array):
+    """A pending buffer that also keeps the time of its latest number (for ``last``)."""
+
+    stamp = -np.inf
+
+    def append(self, value: Any) -> None:
+        array.append(self, value)
+        self.stamp = st.now_us()
+
+
 class Metrics:
     """Training metrics recorded on one rank, mergeable and synchronizable.
 
@@ -124,8 +134,11 @@ class Metrics:
         """
         cls = value.__class__
         if (cls is float or cls is int or cls is _FLOAT64) and weight is None and mask is None:
-            buf = self._fast.get(name)
-            if buf is not None:
+            try:
+                buf = self._fast[name]  # a subscript is cheaper than .get on this path
+            except KeyError:
+                pass
+            else:
                 try:
                     buf.append(value)
                 except OverflowError:
@@ -172,7 +185,8 @@ class Metrics:
         self._fold_pending()
         slot = self._slot(name, spec)
         if spec.nan != "error" and name not in self._fast:
-            self._fast[name] = array("d")  # later Python numbers take the fast path
+            # later Python numbers take the fast path; ``last`` needs each number's time
+            self._fast[name] = _StampedBuffer("d") if "last" in spec.reduce else array("d")
         if len(values) == 0:
             return
         rows = st.rows_from_samples(values, w, np.array([0, len(values)]), st.now_us())
@@ -182,12 +196,13 @@ class Metrics:
             self._sketch[slot] += self._ingest(spec, values, w)
 
     def _record_tensor(self, name: str, tensor: Any, weight: Any, mask: Any) -> None:
-        from .device import DeviceAccumulator, torch_weights
+        from .device import DeviceAccumulator, check_on_host, torch_weights
 
         if tensor.is_complex():
             raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}")
         spec = self.spec(name)
         w = torch_weights(name, tensor, weight, mask)
+        check_on_host(name, spec, tensor, w)  # CPU tensors are host data: checked now
         self._fold_pending()
         slot = self._slot(name, spec)
         accs = self._dev.setdefault(tensor.device, {})
@@ -266,7 +281,9 @@ class Metrics:
             if dropped.any():
                 weights = np.where(dropped, 0.0, 1.0)
                 drops = np.add.reduceat(dropped.astype(np.float64), starts[:-1])
-        rows = st.rows_from_samples(values, weights, starts, st.now_us())
+        now = st.now_us()
+        stamps = np.array([getattr(b, "stamp", now) for b in bufs])  # ``last``: record time
+        rows = st.rows_from_samples(values, weights, starts, stamps)
         rows[:, st.DROP] = drops
         self._rows[slots] = st.merge_rows(self._rows[slots], rows, np)
         for i, slot in enumerate(slots.tolist()):

@@ -42,7 +42,7 @@ def quantile_of(stat: str) -> float | None:
     percent = float(match.group(1))
     if percent > 100.0:
         return None
-    return percent / 100.0
+    return float(match.group(1) + "e-2")  # exact decimal scaling: p99.9 -> 0.999
 
 
 def _check_fmt(fmt: str | None) -> str | None:
@@ -122,6 +122,10 @@ class Spec:
         if not (0.0 < accuracy < 1.0) or math.isnan(accuracy):
             raise ValueError(f"accuracy must lie in (0, 1), got {accuracy!r}")
         quantiles = tuple(q for q in (quantile_of(s) for s in stats) if q is not None)
+        if any(0.0 < q < 1.0 for q in quantiles):
+            from .sketch import sketch_layout
+
+            sketch_layout(accuracy)  # ValueError now, not at the first record, if it cannot fit
         setattr_ = object.__setattr__
         setattr_(self, "reduce", stats)
         setattr_(self, "across", across)

@@ -1,0 +1,572 @@
+"""Every statistic against numpy over the raw samples, under any partition and merge order.
+
+Hypothesis draws records (Python numbers, numpy arrays, CPU torch tensors, with
+optional weights and masks), deals them to 1..6 ``Metrics`` objects in time
+order, merges those in a random order with ``ms.merge`` and with
+``a.merge(b)``, and compares ``compute()`` with numpy over the samples:
+
+- ``sum = sum(w x)``, ``count = sum(w)``, ``mean = sum / count``;
+- population ``var = sum(w (x - mean)^2) / sum(w)``, ``std = sqrt(var)``;
+- ``min``/``max`` over samples with ``w > 0``; ``last`` the latest such sample;
+- ``pNN`` within 1% of a sample of the requested rank; ``p0``/``p100`` exact.
+
+It also checks what every state must satisfy: merging leaves its inputs
+unchanged, merging an empty ``Metrics`` changes nothing, and the codec and
+pickle round trips give the same ``compute()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pickle
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metricsync as ms
+
+PLAIN = ("mean", "sum", "count", "min", "max", "last", "std", "var")
+QUANTILES = ("p0", "p50", "p90", "p99", "p100")
+HAS_SKETCH = importlib.util.find_spec("metricsync.sketch") is not None
+needs_sketch = pytest.mark.skipif(not HAS_SKETCH, reason="metricsync.sketch not written yet")
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# ----------------------------------------------------------------- records
+
+
+@dataclass
+class Rec:
+    """One ``record`` call: what is passed, into which part, and its samples."""
+
+    part: int
+    value: Any
+    weight: Any
+    mask: Any
+    x: np.ndarray  # the samples, float64, flattened
+    w: np.ndarray  # their effective weights (weight * mask), flattened
+    fold_after: bool  # call compute() on the part right after this record
+
+
+# values exact in float32 and float64, so every container holds the same samples
+EIGHTHS = st.integers(-4000, 4000).map(lambda i: i / 8)
+WEIGHTS = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0])
+
+
+def _as_kind(values: np.ndarray, kind: str) -> Any:
+    if kind == "np64":
+        return values.astype(np.float64)
+    if kind == "np32":
+        return values.astype(np.float32)
+    if kind == "list":
+        return values.tolist()
+    if kind == "t32":
+        return torch.tensor(values, dtype=torch.float32)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _as_container(arr: np.ndarray, like: str, dtype: str) -> Any:
+    """A weight or mask array in numpy or torch (or a list), bool/int/float as asked."""
+    if dtype == "bool":
+        arr = arr.astype(bool)
+    elif dtype == "int":
+        arr = arr.astype(np.int64)
+    if like == "torch":
+        return torch.tensor(arr)
+    if like == "list":
+        return arr.tolist()
+    return arr
+
+
+@st.composite
+def a_record(
+    draw: st.DrawFn, n_parts: int, values: st.SearchStrategy[float], weighting: str
+) -> Rec:
+    part = draw(st.integers(0, n_parts - 1))
+    kind = draw(st.sampled_from(["float", "int", "np64", "np32", "list", "t32", "t64"]))
+    fold_after = draw(st.booleans()) and draw(st.booleans())
+    if kind in ("float", "int"):
+        v = float(draw(st.integers(-500, 500))) if kind == "int" else draw(values)
+        value: Any = int(v) if kind == "int" else v
+        x = np.array([v])
+        weight = mask = None
+        w = np.ones(1)
+        how = draw(st.sampled_from(["none", "weight", "mask"])) if weighting != "none" else "none"
+        if how == "weight":
+            weight = draw(WEIGHTS if weighting == "real" else st.integers(0, 3).map(float))
+            w = np.array([weight])
+        elif how == "mask":
+            mask = draw(st.booleans())
+            w = np.array([float(mask)])
+        return Rec(part, value, weight, mask, x, w, fold_after)
+    n = draw(st.integers(0, 6))
+    raw = np.array(draw(st.lists(values, min_size=n, max_size=n)), dtype=np.float64)
+    shape: tuple[int, ...] = (n,)
+    if n >= 2 and n % 2 == 0 and draw(st.booleans()):
+        shape = (2, n // 2)
+    raw = raw.reshape(shape)
+    value = _as_kind(raw, kind)
+    host_like = draw(st.sampled_from(["numpy", "list"]))
+    like = draw(st.sampled_from(["torch", "numpy"])) if kind.startswith("t") else host_like
+    full_w = np.ones(shape)
+    weight = mask = None
+    if weighting != "none":
+        how = draw(st.sampled_from(["none", "scalar", "array", "row", "mask", "both"]))
+        pool = WEIGHTS if weighting == "real" else st.integers(0, 3).map(float)
+        if how == "scalar":
+            weight = draw(pool)
+            full_w = full_w * weight
+        if how in ("array", "both"):
+            arr = np.array(draw(st.lists(pool, min_size=n, max_size=n))).reshape(shape)
+            integral = bool(np.all(arr == np.round(arr)))
+            weight = _as_container(
+                arr, like, draw(st.sampled_from(["float", "int"][: 1 + integral]))
+            )
+            full_w = full_w * arr
+        if how == "row":  # broadcast along the last axis
+            arr = np.array(draw(st.lists(pool, min_size=shape[-1], max_size=shape[-1])))
+            weight = _as_container(arr, like, "float")
+            full_w = full_w * arr
+        if how in ("mask", "both"):
+            keep = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))).reshape(shape)
+            mask = _as_container(keep, like, draw(st.sampled_from(["bool", "int"])))
+            full_w = full_w * keep
+    return Rec(part, value, weight, mask, raw.reshape(-1), full_w.reshape(-1), fold_after)
+
+
+def build(specs: dict[str, ms.Spec], name: str, recs: list[Rec], n_parts: int) -> list[ms.Metrics]:
+    """Replay ``recs`` in time order, each into its own part."""
+    parts = [ms.Metrics(specs) for _ in range(n_parts)]
+    for rec in recs:
+        kwargs = {}
+        if rec.weight is not None:
+            kwargs["weight"] = rec.weight
+        if rec.mask is not None:
+            kwargs["mask"] = rec.mask
+        parts[rec.part].record(name, rec.value, **kwargs)
+        if rec.fold_after:
+            parts[rec.part].compute()
+    return parts
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def plain_oracle(x: np.ndarray, w: np.ndarray) -> dict[str, float] | None:
+    """The plain statistics of weighted samples (time order), or None without samples."""
+    kept = w > 0
+    if not kept.any():
+        return None
+    count = float(np.sum(w))
+    total = float(np.sum(w * x))
+    mean = total / count
+    var = float(np.sum(w * (x - mean) ** 2) / count)
+    return {
+        "mean": mean,
+        "sum": total,
+        "count": count,
+        "min": float(x[kept].min()),
+        "max": float(x[kept].max()),
+        "last": float(x[kept][-1]),
+        "var": var,
+        "std": math.sqrt(var),
+    }
+
+
+def samples_of(recs: list[Rec]) -> tuple[np.ndarray, np.ndarray]:
+    if not recs:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate([r.x for r in recs]), np.concatenate([r.w for r in recs])
+
+
+def expected_plain(spec: ms.Spec, name: str, stats: dict[str, float] | None) -> dict[str, float]:
+    if stats is None:
+        return {}
+    return dict(zip(spec.output_keys(name), (stats[s] for s in spec.reduce)))
+
+
+def assert_matches(got: dict[str, float], want: dict[str, float], scale: float) -> None:
+    assert got.keys() == want.keys(), (got, want)
+    for key, value in want.items():
+        stat = key.rsplit("/", 1)[-1]
+        tol = 1e-9 * max(1.0, scale) ** 2 if stat in ("var", "std") else 1e-9 * max(1.0, scale)
+        if stat == "std":
+            tol = math.sqrt(tol)
+        assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=tol), (key, got[key], value)
+
+
+def same_values(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
+    )
+
+
+def merge_all_ways(
+    parts_a: list[ms.Metrics], parts_b: list[ms.Metrics], rnd: random.Random
+) -> tuple[ms.Metrics, ms.Metrics]:
+    """``ms.merge`` of ``parts_a`` and a chain of ``a.merge(b)`` over ``parts_b``, random orders.
+
+    Also checks that ``ms.merge`` leaves every input, and ``a.merge(b)`` leaves ``b``, unchanged.
+    """
+    order = list(range(len(parts_a)))
+    rnd.shuffle(order)
+    before = [(p.to_bytes(), p.compute()) for p in parts_a]
+    merged = ms.merge(parts_a[i] for i in order)
+    after = [(p.to_bytes(), p.compute()) for p in parts_a]
+    assert [b for b, _ in before] == [b for b, _ in after]
+    assert all(same_values(x, y) for (_, x), (_, y) in zip(before, after))
+
+    rnd.shuffle(order)
+    acc = parts_b[order[0]]
+    for i in order[1:]:
+        other = parts_b[i]
+        snapshot = other.to_bytes()
+        assert acc.merge(other) is acc
+        assert other.to_bytes() == snapshot
+    return merged, acc
+
+
+def check_state_laws(m: ms.Metrics) -> None:
+    values = m.compute()
+    assert same_values(ms.Metrics.from_bytes(m.to_bytes()).compute(), values)
+    assert same_values(pickle.loads(pickle.dumps(m)).compute(), values)
+    empty = ms.Metrics()
+    assert same_values(m.copy().merge(empty).compute(), values)
+    assert same_values(ms.merge([empty, m, ms.Metrics()]).compute(), values)
+    assert empty.to_bytes() == ms.Metrics().to_bytes()
+    assert same_values(m.compute(), values)
+
+
+# ------------------------------------------------------------ plain stats
+
+
+@st.composite
+def plain_case(draw: st.DrawFn) -> tuple[ms.Spec, int, list[Rec], int]:
+    reduce = draw(st.one_of(st.just(PLAIN), st.sampled_from(PLAIN).map(lambda s: (s,))))
+    nan = draw(st.sampled_from(["propagate", "ignore", "error"]))
+    spec = ms.Spec(reduce, nan=nan)
+    n_parts = draw(st.integers(1, 6))
+    weighting = draw(st.sampled_from(["none", "real"]))
+    recs = draw(st.lists(a_record(n_parts, EIGHTHS, weighting), min_size=0, max_size=14))
+    return spec, n_parts, recs, draw(st.integers(0, 2**32))
+
+
+@SETTINGS
+@given(plain_case())
+def test_plain_statistics_under_any_partition_and_merge_order(
+    case: tuple[ms.Spec, int, list[Rec], int],
+) -> None:
+    spec, n_parts, recs, seed = case
+    name = "m/x"
+    specs = {"m/*": spec}
+    x, w = samples_of(recs)
+    want = expected_plain(spec, name, plain_oracle(x, w))
+    if spec.nan == "ignore" and want:
+        want[f"{name}/nan_dropped"] = 0.0
+    scale = float(np.abs(x).max()) if len(x) else 1.0
+
+    merged, chained = merge_all_ways(
+        build(specs, name, recs, n_parts), build(specs, name, recs, n_parts), random.Random(seed)
+    )
+    assert_matches(merged.compute(), want, scale)
+    assert_matches(chained.compute(), want, scale)
+    check_state_laws(merged)
+    assert (name in merged) == bool(want)
+
+
+def test_last_follows_record_time_not_merge_order() -> None:
+    for reverse in (False, True):
+        a, b = ms.Metrics({"lr": ms.Spec("last")}), ms.Metrics({"lr": ms.Spec("last")})
+        a.record("lr", 1.0)
+        a.record("lr", 2.0)
+        b.record("lr", torch.tensor([3.0]))
+        b.record("lr", 4.0)
+        b.record("lr", 5.0)
+        a.record("lr", 6.0)  # the latest sample lives in a, in its pending buffer
+        a.record("lr", 7.0)
+        parts = [b, a] if reverse else [a, b]
+        assert ms.merge(parts).compute() == {"lr": 7.0}
+        assert parts[0].merge(parts[1]).compute() == {"lr": 7.0}
+
+
+def test_last_with_equal_times_keeps_the_larger_value() -> None:
+    rows = []
+    for value in (3.0, 5.0):
+        m = ms.Metrics({"lr": ms.Spec("last")})
+        m.record("lr", value)
+        m._rows[0, 4] = 1e15  # the T column: force equal time stamps
+        rows.append(m)
+    assert ms.merge(rows).compute() == {"lr": 5.0}
+    assert ms.merge(rows[::-1]).compute() == {"lr": 5.0}
+
+
+# --------------------------------------------------------------- nan policy
+
+
+@st.composite
+def nan_case(draw: st.DrawFn) -> tuple[int, list[Rec], int, list[int]]:
+    n_parts = draw(st.integers(1, 4))
+    recs = draw(st.lists(a_record(n_parts, EIGHTHS, "real"), min_size=1, max_size=10))
+    # make some samples non-finite after the fact (floats become NaN/inf, arrays get one)
+    bad = draw(st.lists(st.integers(0, len(recs) - 1), max_size=4))
+    return n_parts, recs, draw(st.integers(0, 2**32)), bad
+
+
+def _poison(rec: Rec, which: float) -> Rec:
+    x = rec.x.copy()
+    if len(x) == 0 or isinstance(rec.value, int):
+        return rec
+    x[-1] = which
+    if isinstance(rec.value, float):
+        value: Any = float(which)
+    elif isinstance(rec.value, list):
+        value = np.array(rec.value, dtype=np.float64)
+        value.reshape(-1)[-1] = which
+        value = value.tolist()
+    elif isinstance(rec.value, torch.Tensor):
+        value = rec.value.clone()
+        value.view(-1)[-1] = which
+    else:
+        value = rec.value.copy()
+        value.reshape(-1)[-1] = which
+    return Rec(rec.part, value, rec.weight, rec.mask, x, rec.w, rec.fold_after)
+
+
+@SETTINGS
+@given(nan_case(), st.sampled_from([math.nan, math.inf, -math.inf]))
+def test_nan_ignore_drops_non_finite_samples(
+    case: tuple[int, list[Rec], int, list[int]], which: float
+) -> None:
+    n_parts, recs, seed, bad = case
+    for i in set(bad):
+        recs[i] = _poison(recs[i], which)
+    spec = ms.Spec(PLAIN, nan="ignore")
+    name = "x"
+    x, w = samples_of(recs)
+    finite = np.isfinite(x)
+    dropped = float(np.sum(~finite & (w > 0)))
+    want = expected_plain(spec, name, plain_oracle(np.where(finite, x, 0.0), w * finite))
+    if want or dropped:
+        want[f"{name}/nan_dropped"] = dropped
+    merged, chained = merge_all_ways(
+        build({name: spec}, name, recs, n_parts),
+        build({name: spec}, name, recs, n_parts),
+        random.Random(seed),
+    )
+    scale = float(np.abs(x[finite]).max()) if finite.any() else 1.0
+    assert_matches(merged.compute(), want, scale)
+    assert_matches(chained.compute(), want, scale)
+    check_state_laws(merged)
+
+
+# ------------------------------------------------------------------ across
+
+
+def across_oracle(
+    spec: ms.Spec, name: str, per_part: list[tuple[np.ndarray, np.ndarray]]
+) -> dict[str, float]:
+    results = []
+    for x, w in per_part:
+        stats = plain_oracle(x, w)
+        if stats is not None:  # ranks without samples are left out
+            results.append([stats[s] for s in spec.reduce])
+    if not results:
+        return {}
+    table = np.array(results)
+    combine = {"mean": np.mean, "sum": np.sum, "min": np.min, "max": np.max}[spec.across]
+    return dict(zip(spec.output_keys(name), (float(v) for v in combine(table, axis=0))))
+
+
+def _tree_merge(parts: list[ms.Metrics], rnd: random.Random) -> ms.Metrics:
+    """Merge ``parts`` (each one rank) along a random binary tree."""
+    pool = list(parts)
+    while len(pool) > 1:
+        i, j = sorted(rnd.sample(range(len(pool)), 2))
+        right, left = pool.pop(j), pool.pop(i)
+        pool.append(ms.merge([left, right]) if rnd.random() < 0.5 else ms.merge([right, left]))
+    return pool[0] if pool else ms.Metrics()
+
+
+@st.composite
+def across_case(draw: st.DrawFn) -> tuple[ms.Spec, int, list[Rec], int]:
+    reduce = draw(
+        st.one_of(
+            st.sampled_from(PLAIN).map(lambda s: (s,)),
+            st.lists(st.sampled_from(PLAIN), min_size=2, max_size=4, unique=True).map(tuple),
+        )
+    )
+    spec = ms.Spec(reduce, across=draw(st.sampled_from(["mean", "sum", "min", "max"])))
+    n_parts = draw(st.integers(1, 6))
+    recs = draw(st.lists(a_record(n_parts, EIGHTHS, "real"), min_size=0, max_size=12))
+    return spec, n_parts, recs, draw(st.integers(0, 2**32))
+
+
+@SETTINGS
+@given(across_case())
+def test_across_combines_per_rank_results(case: tuple[ms.Spec, int, list[Rec], int]) -> None:
+    spec, n_parts, recs, seed = case
+    name = "actor/pg_loss"
+    per_part = [samples_of([r for r in recs if r.part == p]) for p in range(n_parts)]
+    want = across_oracle(spec, name, per_part)
+    x, _ = samples_of(recs)
+    scale = float(np.abs(x).max()) * n_parts if len(x) else 1.0
+    rnd = random.Random(seed)
+    merged, chained = merge_all_ways(
+        build({name: spec}, name, recs, n_parts), build({name: spec}, name, recs, n_parts), rnd
+    )
+    assert_matches(merged.compute(), want, scale)
+    # a.merge(b): the first operand's own samples are its local rank, each other one a rank
+    assert_matches(chained.compute(), want, scale)
+    assert_matches(
+        _tree_merge(build({name: spec}, name, recs, n_parts), rnd).compute(), want, scale
+    )
+    check_state_laws(merged)
+
+
+def test_verl_sum_over_micro_batches_mean_over_ranks() -> None:
+    spec = {"actor/pg_loss": ms.Spec(reduce="sum", across="mean")}
+    ranks = [ms.Metrics(spec) for _ in range(4)]
+    micro = [[0.5, 0.25], [1.0], [], [2.0, 2.0, 2.0]]  # rank 2 recorded nothing
+    for rank, losses in zip(ranks, micro):
+        for loss in losses:
+            rank.record("actor/pg_loss", torch.tensor(loss))
+    assert ms.merge(ranks).compute() == {"actor/pg_loss": pytest.approx((0.75 + 1.0 + 6.0) / 3)}
+
+
+def test_across_recording_after_a_merge_is_the_local_rank() -> None:
+    spec = {"x": ms.Spec("sum", across="mean")}
+    a, b = ms.Metrics(spec), ms.Metrics(spec)
+    a.record("x", 2.0)
+    b.record("x", 4.0)
+    merged = ms.merge([a, b])
+    assert merged.compute() == {"x": 3.0}
+    merged.record("x", 9.0)
+    merged.record("x", 3.0)
+    assert merged.compute() == {"x": pytest.approx((2.0 + 4.0 + 12.0) / 3)}
+
+
+def test_across_max_of_quantity_every_rank_shares() -> None:
+    ranks = [ms.Metrics({"lr": ms.Spec("last", across="max")}) for _ in range(3)]
+    for r in ranks:
+        r.record("lr", 3e-4)
+    assert ms.merge(ranks).compute() == {"lr": 3e-4}
+
+
+# --------------------------------------------------------------- quantiles
+
+
+POSITIVE = st.floats(2.0**-12, 2.0**20, width=32, allow_subnormal=False)
+QVALUES = st.one_of(st.just(0.0), POSITIVE, POSITIVE.map(lambda v: -v))
+
+
+def assert_quantile_ok(got: float, q: float, samples: np.ndarray) -> None:
+    """``got`` lies within 1% of a sample of rank q (between numpy's lower and higher)."""
+    s = np.sort(samples)
+    n = len(s)
+    if q == 0.0:
+        assert got == s[0]
+        return
+    if q == 1.0:
+        assert got == s[-1]
+        return
+    lo, hi = math.floor(q * (n - 1)), math.ceil(q * (n - 1))
+    candidates = s[lo : hi + 1]
+    ok = np.abs(got - candidates) <= 0.01 * np.abs(candidates) * (1 + 1e-9) + 1e-300
+    assert ok.any(), (q, got, candidates)
+
+
+@st.composite
+def quantile_case(draw: st.DrawFn) -> tuple[int, list[Rec], int]:
+    n_parts = draw(st.integers(1, 6))
+    weighting = draw(st.sampled_from(["none", "integer"]))
+    recs = draw(st.lists(a_record(n_parts, QVALUES, weighting), min_size=1, max_size=12))
+    return n_parts, recs, draw(st.integers(0, 2**32))
+
+
+@needs_sketch
+@SETTINGS
+@given(quantile_case())
+def test_quantiles_under_any_partition_and_merge_order(
+    case: tuple[int, list[Rec], int],
+) -> None:
+    n_parts, recs, seed = case
+    recs = [r for r in recs if not isinstance(r.value, int)]  # QVALUES are not integers
+    spec = ms.Spec((*QUANTILES, "count", "p99.9"))
+    name = "response_length"
+    x, w = samples_of(recs)
+    samples = np.repeat(x, w.astype(np.int64))  # integer weights are repetitions
+    merged, chained = merge_all_ways(
+        build({name: spec}, name, recs, n_parts),
+        build({name: spec}, name, recs, n_parts),
+        random.Random(seed),
+    )
+    for got in (merged.compute(), chained.compute()):
+        if len(samples) == 0:
+            assert got == {}
+            continue
+        assert got[f"{name}/count"] == len(samples)
+        for stat in (*QUANTILES, "p99.9"):
+            q = float(stat[1:]) / 100
+            assert_quantile_ok(got[f"{name}/{stat}"], q, samples)
+    check_state_laws(merged)
+
+
+@needs_sketch
+def test_quantiles_of_a_large_sample() -> None:
+    rng = np.random.default_rng(0)
+    data = rng.lognormal(3.0, 1.0, size=200_000)
+    parts = [ms.Metrics({"len": ms.Spec(QUANTILES)}) for _ in range(4)]
+    for i, chunk in enumerate(np.array_split(data, 40)):
+        value = torch.tensor(chunk) if i % 2 else chunk
+        parts[i % 4].record("len", value)
+    got = ms.merge(parts).compute()
+    for stat in QUANTILES:
+        assert_quantile_ok(got[f"len/{stat}"], float(stat[1:]) / 100, data)
+
+
+@needs_sketch
+def test_quantile_across_mean() -> None:
+    ranks = [ms.Metrics({"l": ms.Spec("p50", across="mean")}) for _ in range(2)]
+    ranks[0].record("l", np.arange(1.0, 102.0))  # median 51
+    ranks[1].record("l", np.arange(1001.0, 1102.0))  # median 1051
+    got = ms.merge(ranks).compute()["l"]
+    assert abs(got - 551.0) <= 0.01 * 1051
+
+
+# ------------------------------------------------------ numerical stability
+
+
+def test_std_of_large_offset_samples_is_stable() -> None:
+    rng = np.random.default_rng(1)
+    data = 1e9 + rng.normal(size=8 * 4096)
+    chunks = np.array_split(data, 8)
+    parts = []
+    for i, chunk in enumerate(chunks):
+        m = ms.Metrics({"x": ms.Spec(("std", "var", "mean"))})
+        if i % 3 == 0:
+            for v in chunk.tolist():  # Python floats: the buffered path
+                m.record("x", v)
+        elif i % 3 == 1:
+            for piece in np.array_split(chunk, 7):
+                m.record("x", piece)
+        else:
+            for piece in np.array_split(chunk, 5):
+                m.record("x", torch.tensor(piece, dtype=torch.float64))
+        parts.append(m)
+    want = float(np.std(data))  # numpy is two-pass in float64
+    for merged in (ms.merge(parts), ms.merge(parts[::-1])):
+        got = merged.compute()
+        assert got["x/std"] == pytest.approx(want, rel=1e-6)
+        assert got["x/var"] == pytest.approx(want**2, rel=2e-6)
+        assert got["x/mean"] == pytest.approx(float(np.mean(data)), rel=1e-15)
