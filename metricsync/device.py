@@ -120,14 +120,14 @@ class DeviceAccumulator:
 
     def add(self, spec: Spec, value: Any, weight: Any, layout: Any, now: float) -> None:
         """Fold one recorded tensor (flattened) with its combined weight into this state."""
-        x = value.reshape(-1)
+        x = value.detach().reshape(-1)  # never keep the autograd graph alive
         if x.dtype == torch.bool or not x.is_floating_point():
             x = x.to(_F64)
         n = x.numel()
         if n == 0:
             return
         ok = None
-        w = weight
+        w = None if weight is None else weight.detach()
         if w is not None:
             bad = (w < 0).any() | ~torch.isfinite(w).all()
             self.bad = torch.where(bad & (self.bad == 0), BAD_WEIGHT, self.bad)

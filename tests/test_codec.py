@@ -1,0 +1,229 @@
+"""The binary format: round trips, and malformed, truncated or hostile input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import metricsync as ms
+from metricsync import codec
+
+HEAD = struct.Struct("<4sHHIQ")
+
+
+def _rich() -> ms.Metrics:
+    m = ms.Metrics(
+        {
+            "lr": ms.Spec("last", fmt=".2e"),
+            "timing/*": ms.Spec("max", fmt=".3f"),
+            "len": ms.Spec(("mean", "max", "p50", "p99")),
+            "pg": ms.Spec("sum", across="mean"),
+            "ent": ms.Spec(("mean", "std"), nan="ignore"),
+            "declared/only": ms.Spec("min"),
+        }
+    )
+    m.record("lr", 3e-4)
+    m.record("timing/step", 1.25)
+    m.record("len", np.arange(1.0, 101.0))
+    m.record("pg", 2.0)
+    m.record("ent", torch.tensor([0.5, float("nan"), 1.5]))
+    m.record("plain", 1.0)
+    m.record("plain", 2.0)
+    other = ms.Metrics({"pg": ms.Spec("sum", across="mean")})
+    other.record("pg", 4.0)
+    return m.merge(other)
+
+
+def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
+    _, _, _, head_len, _ = HEAD.unpack_from(blob)
+    header = json.loads(blob[HEAD.size : HEAD.size + head_len])
+    body = blob[HEAD.size + head_len : -4]
+    return header, body
+
+
+def _join(header: dict[str, Any], body: bytes, version: int = 1, flags: int = 0) -> bytes:
+    head = json.dumps(header).encode()
+    blob = HEAD.pack(b"MSYN", version, flags, len(head), len(body)) + head + body
+    return blob + struct.pack("<I", zlib.crc32(blob))
+
+
+def test_round_trip_keeps_values_specs_and_rules() -> None:
+    m = _rich()
+    blob = m.to_bytes()
+    back = ms.Metrics.from_bytes(blob)
+    assert back.compute() == m.compute()
+    assert back.to_bytes() == blob
+    assert back.spec("timing/new") == ms.Spec("max", fmt=".3f")
+    assert back.spec("declared/only") == ms.Spec("min")
+    assert back.format() == m.format()
+    assert ms.Metrics.from_bytes(bytearray(blob)).compute() == m.compute()
+    assert ms.Metrics.from_bytes(memoryview(blob)).compute() == m.compute()
+
+
+def test_round_trip_then_continue_recording() -> None:
+    m = _rich()
+    back = ms.Metrics.from_bytes(m.to_bytes())
+    for x in (m, back):
+        x.record("len", 1000.0)
+        x.record("pg", 6.0)
+        x.record("timing/gen", 0.5)
+    assert back.compute() == m.compute()
+
+
+def test_pickle_uses_the_codec_and_no_pickle_inside(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = _rich()
+    data = pickle.dumps(m)
+    assert m.to_bytes() in data
+    calls = []
+    original = codec.decode
+    monkeypatch.setattr(codec, "decode", lambda blob: calls.append(1) or original(blob))
+    back = pickle.loads(data)
+    assert calls == [1]
+    assert back.compute() == m.compute()
+
+
+def test_no_pickle_in_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = _rich().to_bytes()
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the decoder must not unpickle")
+
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
+    assert ms.Metrics.from_bytes(blob).compute() == _rich().compute()
+
+
+def test_empty_round_trip() -> None:
+    blob = ms.Metrics().to_bytes()
+    assert ms.Metrics.from_bytes(blob).compute() == {}
+    assert len(blob) < 128
+
+
+def test_every_truncation_raises_codec_error() -> None:
+    blob = _rich().to_bytes()
+    cuts = sorted(set(range(0, 64)) | set(range(0, len(blob), 97)) | {len(blob) - 1})
+    for cut in cuts:
+        with pytest.raises(ms.CodecError):
+            ms.Metrics.from_bytes(blob[:cut])
+
+
+def test_every_single_byte_corruption_raises_codec_error() -> None:
+    blob = ms.Metrics({"x": ms.Spec(("mean", "max"))})
+    blob.record("x", [1.0, 2.0])
+    data = blob.to_bytes()
+    for i in range(len(data)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(data)
+            bad[i] ^= flip
+            with pytest.raises(ms.CodecError):
+                ms.Metrics.from_bytes(bytes(bad))
+
+
+def test_codec_error_is_a_value_error_and_metricsync_error() -> None:
+    with pytest.raises(ValueError):
+        ms.Metrics.from_bytes(b"")
+    with pytest.raises(ms.MetricsyncError):
+        ms.Metrics.from_bytes(b"garbage" * 10)
+
+
+@pytest.mark.parametrize("data", [None, "MSYN", 12, [1, 2], np.zeros(4)])
+def test_not_bytes(data: Any) -> None:
+    with pytest.raises(ms.CodecError):
+        ms.Metrics.from_bytes(data)
+
+
+def test_trailing_bytes_raise() -> None:
+    blob = _rich().to_bytes()
+    with pytest.raises(ms.CodecError):
+        ms.Metrics.from_bytes(blob + b"\0")
+
+
+def test_other_version_and_flags_raise() -> None:
+    header, body = _split(_rich().to_bytes())
+    assert ms.Metrics.from_bytes(_join(header, body)).compute() == _rich().compute()
+    with pytest.raises(ms.CodecError, match="version"):
+        ms.Metrics.from_bytes(_join(header, body, version=2))
+    with pytest.raises(ms.CodecError):
+        ms.Metrics.from_bytes(_join(header, body, flags=1))
+
+
+def _mutations(header: dict[str, Any], body: bytes) -> list[tuple[str, dict[str, Any], bytes]]:
+    out = []
+
+    def variant(label: str, **changes: Any) -> None:
+        h = json.loads(json.dumps(header))
+        h.update(changes)
+        out.append((label, h, body))
+
+    variant("slots not a list", slots={"a": 1})
+    variant("slot entry malformed", slots=[["x"]])
+    variant("slot name not a string", slots=[[1, ms.Spec().to_json()]])
+    variant("empty name", slots=[["", ms.Spec().to_json()], *header["slots"][1:]])
+    variant("repeated name", slots=[header["slots"][0], header["slots"][0], *header["slots"][2:]])
+    variant("bad spec json", slots=[[header["slots"][0][0], "not json"], *header["slots"][1:]])
+    variant(
+        "unknown statistic",
+        slots=[
+            [header["slots"][0][0], '[["median"],"exact",null,"propagate",0.01]'],
+            *header["slots"][1:],
+        ],
+    )
+    variant("spec wrong arity", slots=[[header["slots"][0][0], "[1,2]"], *header["slots"][1:]])
+    variant("more slots than rows", slots=[*header["slots"], ["extra", ms.Spec().to_json()]])
+    variant("fewer slots than rows", slots=header["slots"][:-1])
+    variant("sketch cells huge", sketch=[[s, 10**12] for s, _ in header["sketch"]])
+    variant("sketch cells negative", sketch=[[s, -5] for s, _ in header["sketch"]])
+    variant("sketch missing", sketch=[])
+    variant("sketch on a plain metric", sketch=[[0, 8067], *header["sketch"]])
+    variant("agg rows huge", agg=[[s, 10**15] for s, _ in header["agg"]])
+    variant("agg missing", agg=[])
+    variant("bool instead of int", agg=[[True, 1]])
+    variant("rules malformed", rules=[["x"]])
+    variant("rules bad spec", rules=[["x", '["mean"]']])
+    variant("header not an object", **{})
+    out[-1] = ("header is a list", [], body)  # type: ignore[assignment]
+    out.append(("body too short", header, body[:-8]))
+    out.append(("body too long", header, body + b"\0" * 8))
+    return out
+
+
+def test_hostile_headers_with_valid_checksums_raise_codec_error() -> None:
+    header, body = _split(_rich().to_bytes())
+    for label, h, b in _mutations(header, body):
+        with pytest.raises(ms.CodecError):
+            ms.Metrics.from_bytes(_join(h, b))
+        assert label
+
+
+def test_hostile_lengths_do_not_allocate() -> None:
+    header, body = _split(_rich().to_bytes())
+    head = json.dumps(header).encode()
+    for head_len, body_len in [(2**32 - 1, 0), (len(head), 2**63), (0, len(body))]:
+        blob = HEAD.pack(b"MSYN", 1, 0, head_len, body_len) + head + body
+        blob += struct.pack("<I", zlib.crc32(blob))
+        with pytest.raises(ms.CodecError):
+            ms.Metrics.from_bytes(blob)
+
+
+def test_invalid_utf8_and_deep_json_raise_codec_error() -> None:
+    for head in [b"\xff\xfe\xfd", b"[" * 100_000 + b"]" * 100_000, b"{}", b"null"]:
+        blob = HEAD.pack(b"MSYN", 1, 0, len(head), 0) + head
+        blob += struct.pack("<I", zlib.crc32(blob))
+        with pytest.raises(ms.CodecError):
+            ms.Metrics.from_bytes(blob)
+
+
+def test_decoded_object_is_independent() -> None:
+    m = _rich()
+    blob = m.to_bytes()
+    back = ms.Metrics.from_bytes(blob)
+    back.record("len", 1e6)
+    back.reset()
+    assert m.to_bytes() == blob

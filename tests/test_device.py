@@ -1,0 +1,253 @@
+"""Torch tensors stay on their device: no host reads while recording, one copy per compute."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import metricsync as ms
+from metricsync import device as device_mod
+
+READS = ("item", "cpu", "tolist", "numpy")
+SPECS = {
+    "ent": ms.Spec(("mean", "sum", "count", "min", "max", "last", "std", "var")),
+    "len": ms.Spec(("mean", "p50", "p99", "p0", "p100")),
+    "kl": ms.Spec("mean", nan="ignore"),
+    "strict": ms.Spec("mean", nan="error"),
+    "pg": ms.Spec("sum", across="mean"),
+}
+
+
+@contextlib.contextmanager
+def no_host_reads() -> Iterator[list[str]]:
+    """Inside the block, every host read of a tensor raises (and is counted)."""
+    attempts: list[str] = []
+
+    def forbid(method: str) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            attempts.append(method)
+            raise AssertionError(f"Tensor.{method}() called while recording")
+
+        return read
+
+    with pytest.MonkeyPatch.context() as mp:
+        for method in READS:
+            mp.setattr(torch.Tensor, method, forbid(method))
+        yield attempts
+
+
+def _record_everything(m: ms.Metrics, dev: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=g).to(dev)
+    mask = (torch.rand(4, 8, generator=g) < 0.6).to(dev)
+    m.record("ent", x, mask=mask)
+    m.record("ent", x[0], weight=torch.rand(8, generator=g).to(dev))
+    m.record("ent", x, weight=torch.ones(8, device=dev), mask=mask.to(torch.int32))
+    m.record("ent", x.to(torch.bfloat16))
+    m.record("ent", torch.tensor(3, device=dev))
+    m.record(
+        "len", torch.arange(1, 100, device=dev), mask=torch.ones(99, dtype=torch.bool, device=dev)
+    )
+    m.record("kl", torch.tensor([1.0, float("nan")], device=dev))
+    m.record("strict", x, weight=2.0)
+    m.record("pg", x.sum())
+    m.update({"ent": x[1], "pg": x[2].sum()})
+
+
+def test_recording_never_reads_the_tensor() -> None:
+    m = ms.Metrics(SPECS)
+    with no_host_reads() as attempts:
+        _record_everything(m, "cpu")
+        assert set(m.names) == set(SPECS)
+    assert attempts == []
+    assert m.compute()["ent/count"] > 0
+
+
+def test_recording_on_the_meta_device() -> None:
+    m = ms.Metrics(SPECS)
+    with no_host_reads() as attempts:
+        _record_everything(m, "meta")
+        assert set(m.names) == set(SPECS)
+        assert len(m) == len(SPECS) and "ent" in m
+    assert attempts == []
+
+
+def test_meta_tensor_with_host_mask_and_weight() -> None:
+    m = ms.Metrics()
+    x = torch.ones(2, 3, device="meta")
+    m.record("a", x, mask=np.array([[True, False, True], [True, True, False]]))
+    m.record("a", x, weight=np.array([1.0, 2.0, 3.0]))
+    m.record("a", x, weight=0.5, mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))
+    assert m.names == ["a"]
+    with pytest.raises(ValueError, match="'a'"):
+        m.record("a", x, mask=torch.ones(3, 2, dtype=torch.bool, device="meta"))
+
+
+class _Transfers:
+    """Counts device-to-host copies: ``cpu()``, ``to(<cpu>)``, ``item()`` and ``tolist()`` calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        cpu, to = torch.Tensor.cpu, torch.Tensor.to
+        for method in ("item", "tolist"):
+            monkeypatch.setattr(torch.Tensor, method, self._counted(getattr(torch.Tensor, method)))
+
+        def counted_cpu(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return cpu(t, *args, **kwargs)
+
+        def counted_to(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            target = kwargs.get("device", args[0] if args else None)
+            to_cpu = isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
+            if to_cpu and t.device.type != "cpu":
+                self.count += 1
+            return to(t, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "cpu", counted_cpu)
+        monkeypatch.setattr(torch.Tensor, "to", counted_to)
+
+    def _counted(self, method: Any) -> Any:
+        def counted(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return method(t, *args, **kwargs)
+
+        return counted
+
+
+def test_compute_copies_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = ms.Metrics(SPECS)
+    _record_everything(m, "cpu")
+    m.record("host", 1.0)
+    m.record("host", np.array([2.0, 3.0]))
+    transfers = _Transfers(monkeypatch)
+    first = m.compute()
+    assert transfers.count == 1
+    assert m.compute() == first  # nothing left on the device: no further copy
+    assert transfers.count == 1
+    m.record("ent", torch.ones(3))
+    m.compute()
+    assert transfers.count == 2
+
+
+def test_tensor_results_match_numpy() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, generator=g, dtype=torch.float64)
+    w = torch.rand(64, generator=g, dtype=torch.float64)
+    mask = torch.rand(64, generator=g) < 0.5
+    m = ms.Metrics({"x": SPECS["ent"]})
+    m.record("x", x, weight=w, mask=mask)
+    xn, wn = x.numpy(), (w * mask).numpy()
+    mean = float(np.sum(wn * xn) / np.sum(wn))
+    kept = xn[wn > 0]
+    got = m.compute()
+    assert got["x/mean"] == pytest.approx(mean)
+    assert got["x/count"] == pytest.approx(float(np.sum(wn)))
+    assert got["x/var"] == pytest.approx(float(np.sum(wn * (xn - mean) ** 2) / np.sum(wn)))
+    assert (got["x/min"], got["x/max"], got["x/last"]) == (kept.min(), kept.max(), kept[-1])
+
+
+def test_recording_keeps_no_reference_to_the_input() -> None:
+    x = torch.tensor([1.0, 2.0, 3.0])
+    m = ms.Metrics({"x": ms.Spec(("sum", "last"))})
+    m.record("x", x)
+    x.mul_(100.0)  # the caller reuses its buffer
+    assert m.compute() == {"x/sum": 6.0, "x/last": 3.0}
+
+
+def test_grad_tensors_are_accepted_and_not_kept_in_the_graph() -> None:
+    p = torch.tensor([1.0, 2.0], requires_grad=True)
+    loss = (p * p).sum()
+    m = ms.Metrics()
+    m.record("loss", loss)
+    m.record("loss", p * 3.0)
+    loss.backward()
+    assert m.compute() == {"loss": pytest.approx((5.0 + 3.0 + 6.0) / 3)}
+
+
+# ------------------------------------------------- deferred device errors
+
+
+@pytest.fixture
+def deferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Treat CPU like an accelerator: value checks run on the device, reported by compute()."""
+    monkeypatch.setattr(device_mod, "HOST_DEVICE_TYPES", frozenset())
+
+
+@pytest.mark.usefixtures("deferred")
+@pytest.mark.parametrize(
+    ("name", "value", "kwargs", "what"),
+    [
+        ("kl", torch.tensor([1.0, 2.0]), {"weight": torch.tensor([1.0, -1.0])}, "weight"),
+        ("kl", torch.tensor([1.0, 2.0]), {"weight": torch.tensor(float("nan"))}, "weight"),
+        ("kl", torch.tensor([1.0, 2.0]), {"weight": torch.tensor([1.0, float("inf")])}, "weight"),
+        ("strict", torch.tensor([1.0, float("nan")]), {}, "non-finite"),
+        ("strict", torch.tensor([[float("inf")]], dtype=torch.float64), {}, "non-finite"),
+    ],
+)
+def test_bad_device_values_are_reported_by_compute(
+    name: str, value: torch.Tensor, kwargs: dict[str, Any], what: str
+) -> None:
+    m = ms.Metrics(SPECS)
+    with no_host_reads() as attempts:
+        m.record(name, torch.tensor([5.0]))
+        m.record(name, value, **kwargs)  # no error yet: recording does not read the device
+        m.record(name, torch.tensor([7.0]))
+    assert attempts == []
+    with pytest.raises(ValueError, match=f"'{name}'") as info:
+        m.compute()
+    assert what in str(info.value)
+    # the bad record was discarded, the good ones kept, and compute works again
+    assert m.compute()[name] == 6.0
+    assert m.compute()[name] == 6.0
+
+
+@pytest.mark.usefixtures("deferred")
+def test_masked_out_nan_is_not_an_error_on_the_device() -> None:
+    m = ms.Metrics(SPECS)
+    m.record("strict", torch.tensor([1.0, float("nan")]), mask=torch.tensor([True, False]))
+    assert m.compute() == {"strict": 1.0}
+
+
+@pytest.mark.usefixtures("deferred")
+def test_bad_device_record_discards_its_sketch_too() -> None:
+    m = ms.Metrics({"len": ms.Spec(("p50", "count"), nan="error")})
+    m.record("len", torch.tensor([1.0, 2.0, 3.0]))
+    m.record("len", torch.tensor([1000.0, float("nan")]))
+    with pytest.raises(ValueError, match="'len'"):
+        m.compute()
+    got = m.compute()
+    assert got["len/count"] == 3.0 and abs(got["len/p50"] - 2.0) <= 0.02
+
+
+def test_cpu_tensors_are_checked_at_record() -> None:
+    m = ms.Metrics(SPECS)
+    m.record("kl", torch.tensor([1.0]))
+    before = m.to_bytes()
+    with pytest.raises(ValueError, match="'kl'"):
+        m.record("kl", torch.tensor([1.0, 2.0]), weight=torch.tensor([1.0, -1.0]))
+    with pytest.raises(ValueError, match="'strict'"):
+        m.record("strict", torch.tensor([float("nan")]))
+    assert m.to_bytes() == before
+
+
+# ------------------------------------------------------------ performance
+
+
+def test_recording_a_large_masked_tensor_is_cheap() -> None:
+    import time
+
+    x = torch.randn(1_000_000)
+    mask = torch.rand(1_000_000) < 0.7
+    m = ms.Metrics({"ent": ms.Spec(("mean", "max"))})
+    m.record("ent", x, mask=mask)  # warm-up
+    start = time.perf_counter()
+    for _ in range(3):
+        m.record("ent", x, mask=mask)
+    elapsed = (time.perf_counter() - start) / 3
+    assert elapsed < 0.5  # a few passes over the data, not a per-element Python loop
+    assert m.compute()["ent/max"] == float(x[mask].max())
