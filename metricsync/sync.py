@@ -196,7 +196,10 @@ def sync(metrics: Metrics, group: Any = None, timeout: float | None = None) -> M
     else:
         layout = _exchange_layouts(metrics, comm, world, device, torch)
         metrics._sync_cache[("union", group_key)] = layout
-    result = _reduce(metrics, layout, comm, device, torch)
+    ops = _Ops(torch, device)
+    if ops.host:
+        metrics._fold_devices()  # gloo works on host memory; the check above found no bad records
+    result = _reduce(metrics, layout, comm, ops)
     metrics._sync_cache[("last_collectives", group_key)] = comm.count
     return result
 
@@ -242,133 +245,169 @@ def _exchange_layouts(metrics: Metrics, comm: _Comm, world: int, device: Any, to
     return Layout(sorted(union.items()))
 
 
-def _local_table(metrics: Metrics, layout: Layout, device: Any, torch: Any) -> Any:
-    """This rank's state rows in layout order, on ``device``, device accumulators merged in."""
+class _Ops:
+    """Array operations on the host (numpy, for gloo) or on a torch device (for NCCL)."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch = torch
+        self.device = device
+        self.host = device.type == "cpu"
+        self.xp: Any = np if self.host else torch
+
+    def asarray(self, array: np.ndarray) -> Any:
+        return array if self.host else self.torch.from_numpy(array).to(self.device)
+
+    def cat(self, parts: list[Any], axis: int = 0) -> Any:
+        return np.concatenate(parts, axis=axis) if self.host else self.torch.cat(parts, dim=axis)
+
+    def stack(self, parts: list[Any], axis: int = 0) -> Any:
+        return np.stack(parts, axis=axis) if self.host else self.torch.stack(parts, dim=axis)
+
+    def f64(self, array: Any) -> Any:
+        return array.astype(np.float64) if self.host else array.to(self.torch.float64)
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        return self.asarray(np.zeros(shape))
+
+    def empty(self, size: int) -> Any:
+        if self.host:
+            return np.empty(size)
+        return self.torch.empty(size, dtype=self.torch.float64, device=self.device)
+
+    def comm(self, array: Any) -> Any:
+        """The tensor a collective works on in place (shares memory with a host array)."""
+        return self.torch.from_numpy(array) if self.host else array
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array if self.host else array.cpu().numpy()
+
+
+def _local_table(metrics: Metrics, layout: Layout, ops: _Ops) -> Any:
+    """This rank's state rows in layout order; device accumulators merged in (on the device)."""
     n = len(metrics._names)
     idx = _slot_index(metrics, layout)
-    host = np.concatenate([metrics._rows[:n], st.IDENTITY[None, :]])
-    table = torch.from_numpy(host[idx]).to(device)
+    if len(idx) and idx.max() < n:  # every layout name is ours: no identity rows needed
+        table = ops.asarray(metrics._rows[idx])
+    else:
+        table = ops.asarray(np.concatenate([metrics._rows[:n], st.IDENTITY[None, :]])[idx])
     for accs in metrics._dev.values():
         if not accs:
             continue
-        positions = [layout.index[metrics._names[s]] for s in accs]
-        pos = torch.tensor(positions, device=device)
-        rows = torch.stack([acc.row.to(device) for acc in accs.values()])
-        table[pos] = st.merge_rows(table[pos], rows, torch)
+        pos = ops.asarray(np.array([layout.index[metrics._names[s]] for s in accs]))
+        rows = ops.torch.stack([acc.row.to(ops.device) for acc in accs.values()])
+        table[pos] = st.merge_rows(table[pos], rows, ops.torch)
     return table
 
 
-def _local_sketch(metrics: Metrics, name: str, torch: Any, device: Any) -> Any:
+def _local_sketch(metrics: Metrics, name: str, ops: _Ops) -> Any:
     slot = metrics._index.get(name)
     if slot is None:
         return None
-    cells = torch.from_numpy(metrics._sketch[slot]).to(device)
+    cells = ops.asarray(metrics._sketch[slot].copy())
     for accs in metrics._dev.values():
         acc = accs.get(slot)
         if acc is not None and acc.sketch is not None:
-            cells = cells + acc.sketch.to(device)
+            cells = cells + acc.sketch.to(ops.device)
     return cells
 
 
-def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, device: Any, torch: Any) -> Metrics:
-    f64 = torch.float64
+def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics:
+    xp = ops.xp
     k = len(layout.names)
-    table = _local_table(metrics, layout, device, torch)
-    exact = torch.from_numpy(layout.exact).to(device)
+    inf = float("inf")
+    table = _local_table(metrics, layout, ops)
 
     # Per-rank results of `across` metrics become aggregate rows; their local rows travel as empty.
-    agg_parts = _across_aggregates(metrics, layout, table, torch, device)
+    agg_parts = _across_aggregates(metrics, layout, ops.to_host(table[layout.across]))
     if layout.across:
-        drop = table[:, st.DROP].clone()
-        table = torch.where(exact[:, None], table, torch.from_numpy(st.IDENTITY).to(device))
+        drop = table[:, st.DROP] + 0.0
+        table = xp.where(ops.asarray(layout.exact)[:, None], table, ops.asarray(st.IDENTITY))
         table[:, st.DROP] = drop
-    agg = torch.cat(agg_parts) if agg_parts else torch.zeros((0, 4), dtype=f64, device=device)
+    agg = ops.asarray(np.concatenate(agg_parts) if agg_parts else np.zeros((0, 4)))
 
     w = table[:, st.W]
     has = w > 0
-    mean = torch.where(has, table[:, st.S] / torch.where(has, w, 1.0), float("-inf"))
-    mean = torch.where(torch.isnan(mean), float("-inf"), mean)
-    max_buf = torch.cat([table[:, [st.MAX, st.NEGMIN, st.T]], mean[:, None]], dim=1).reshape(-1)
-    max_buf = torch.cat([max_buf, agg[:, 2:].reshape(-1)])
-    nan_mm = (torch.isnan(table[:, st.MAX]) | torch.isnan(table[:, st.NEGMIN])).to(f64)
-    max_buf = torch.where(torch.isnan(max_buf), float("-inf"), max_buf)
-    comm.all_reduce(max_buf, comm.dist.ReduceOp.MAX, "the MAX all_reduce")
-
-    red_max = max_buf[: k * _MAX_COLS].reshape(k, _MAX_COLS)
-    t_max = red_max[:, 2]
-    shift = red_max[:, 3]
-    shift = torch.where(torch.isfinite(shift), shift, 0.0)
-    d = torch.where(has, table[:, st.S] / torch.where(has, w, 1.0) - shift, 0.0)
-    m2_shifted = table[:, st.M2] + w * d * d
-    tied = (table[:, st.T] == t_max) & (t_max > float("-inf"))
-    last_tied = torch.where(tied, table[:, st.LAST], 0.0)
-    sums = [
-        torch.stack(
-            [w, table[:, st.S], table[:, st.DROP], m2_shifted, last_tied, tied.to(f64), nan_mm],
-            dim=1,
-        ).reshape(-1),
-        agg[:, :2].reshape(-1),
-    ]
-    sketch_sizes = []
-    for i in layout.sketch:
-        cells = _local_sketch(metrics, layout.names[i], torch, device)
-        if cells is None or not bool(layout.exact[i]):
-            from .sketch import sketch_layout
-
-            cells = torch.zeros(
-                sketch_layout(layout.specs[i].accuracy).n_cells, dtype=f64, device=device
-            )
-        sums.append(cells)
-        sketch_sizes.append(len(cells))
-    sum_buf = torch.cat(sums)
-    comm.all_reduce(sum_buf, comm.dist.ReduceOp.SUM, "the SUM all_reduce")
-
-    ncols = _SUM_COLS + 1
-    red_sum = sum_buf[: k * ncols].reshape(k, ncols)
-    ties = red_sum[:, 5]
-    last = red_sum[:, 4] / torch.where(ties > 0, ties, 1.0)
-    if bool((ties > 1).any()):  # equal times on several ranks: the larger value wins
-        cand = torch.where(tied & (ties > 1), table[:, st.LAST], float("-inf"))
-        comm.all_reduce(cand, comm.dist.ReduceOp.MAX, "the tie-break all_reduce")
-        last = torch.where(ties > 1, cand, last)
-
-    out = torch.empty((k, st.NCOL), dtype=f64, device=device)
-    total_w = red_sum[:, 0]
-    out[:, st.W] = total_w
-    out[:, st.S] = red_sum[:, 1]
-    out[:, st.DROP] = red_sum[:, 2]
-    nan_any = red_sum[:, 6] > 0
-    out[:, st.MAX] = torch.where(nan_any, float("nan"), red_max[:, 0])
-    out[:, st.NEGMIN] = torch.where(nan_any, float("nan"), red_max[:, 1])
-    out[:, st.T] = t_max
-    out[:, st.LAST] = last
-    pos = total_w > 0
-    d_all = torch.where(pos, red_sum[:, 1] / torch.where(pos, total_w, 1.0) - shift, 0.0)
-    m2 = red_sum[:, 3] - total_w * d_all * d_all
-    out[:, st.M2] = torch.where(m2 < 0, 0.0, m2)
-
     n_agg = agg.shape[0]
-    agg_sums = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
-    agg_max = max_buf[k * _MAX_COLS :].reshape(n_agg, 2)
-    rest = sum_buf[k * ncols + 2 * n_agg :]
-    host = (
-        torch.cat([out.reshape(-1), agg_sums.reshape(-1), agg_max.reshape(-1), rest]).cpu().numpy()
-    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = xp.where(has, table[:, st.S] / xp.where(has, w, 1.0), -inf)
+        mean = xp.where(xp.isnan(mean), -inf, mean)
+        max_buf = ops.empty(k * _MAX_COLS + 2 * n_agg)
+        max_view = max_buf[: k * _MAX_COLS].reshape(k, _MAX_COLS)
+        max_view[:, :3] = table[:, st.MAX : st.T + 1]
+        max_view[:, 3] = mean
+        max_buf[k * _MAX_COLS :] = agg[:, 2:].reshape(-1)
+        nan_mm = xp.isnan(max_view[:, 0]) | xp.isnan(max_view[:, 1])
+        max_buf[xp.isnan(max_buf)] = -inf
+        comm.all_reduce(ops.comm(max_buf), comm.dist.ReduceOp.MAX, "the MAX all_reduce")
+
+        t_max = max_view[:, 2]
+        shift = xp.where(xp.isfinite(max_view[:, 3]), max_view[:, 3], 0.0)
+        d = xp.where(has, mean - shift, 0.0)
+        tied = (table[:, st.T] == t_max) & (t_max > -inf)
+        sketch_parts = []
+        for i in layout.sketch:
+            cells = _local_sketch(metrics, layout.names[i], ops) if layout.exact[i] else None
+            if cells is None:
+                from .sketch import sketch_layout
+
+                cells = ops.zeros((sketch_layout(layout.specs[i].accuracy).n_cells,))
+            sketch_parts.append(cells)
+        sketch_sizes = [len(cells) for cells in sketch_parts]
+        ncols = _SUM_COLS + 1
+        sum_buf = ops.empty(k * ncols + 2 * n_agg + sum(sketch_sizes))
+        sum_view = sum_buf[: k * ncols].reshape(k, ncols)
+        sum_view[:, 0] = w
+        sum_view[:, 1] = table[:, st.S]
+        sum_view[:, 2] = table[:, st.DROP]
+        sum_view[:, 3] = table[:, st.M2] + w * d * d  # M2 around the common shift
+        sum_view[:, 4] = xp.where(tied, table[:, st.LAST], 0.0)
+        sum_view[:, 5] = tied
+        sum_view[:, 6] = nan_mm
+        offset = k * ncols
+        sum_buf[offset : offset + 2 * n_agg] = agg[:, :2].reshape(-1)
+        offset += 2 * n_agg
+        for cells in sketch_parts:
+            sum_buf[offset : offset + len(cells)] = cells
+            offset += len(cells)
+        comm.all_reduce(ops.comm(sum_buf), comm.dist.ReduceOp.SUM, "the SUM all_reduce")
+
+        ties = sum_view[:, 5]
+        last = sum_view[:, 4] / xp.where(ties > 0, ties, 1.0)
+        if bool((ties > 1).any()):  # equal times on several ranks: the larger value wins
+            cand = xp.where(tied & (ties > 1), table[:, st.LAST], -inf)
+            comm.all_reduce(ops.comm(cand), comm.dist.ReduceOp.MAX, "the tie-break all_reduce")
+            last = xp.where(ties > 1, cand, last)
+
+        total_w = sum_view[:, 0]
+        nan_any = sum_view[:, 6] > 0
+        pos = total_w > 0
+        d_all = xp.where(pos, sum_view[:, 1] / xp.where(pos, total_w, 1.0) - shift, 0.0)
+        m2 = sum_view[:, 3] - total_w * d_all * d_all
+        out = ops.empty(k * st.NCOL + 4 * n_agg)
+        rows = out[: k * st.NCOL].reshape(k, st.NCOL)
+        rows[:, st.W] = total_w
+        rows[:, st.S] = sum_view[:, 1]
+        rows[:, st.MAX] = xp.where(nan_any, float("nan"), max_view[:, 0])
+        rows[:, st.NEGMIN] = xp.where(nan_any, float("nan"), max_view[:, 1])
+        rows[:, st.T] = t_max
+        rows[:, st.LAST] = last
+        rows[:, st.M2] = xp.where(m2 < 0, 0.0, m2)
+        rows[:, st.DROP] = sum_view[:, 2]
+        aggs = out[k * st.NCOL :].reshape(n_agg, 4)
+        aggs[:, :2] = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
+        aggs[:, 2:] = max_buf[k * _MAX_COLS :].reshape(n_agg, 2)
+    host = ops.to_host(ops.cat([out, sum_buf[k * ncols + 2 * n_agg :]]) if sketch_parts else out)
     return _build_result(metrics, layout, host, n_agg, sketch_sizes)
 
 
-def _across_aggregates(
-    metrics: Metrics, layout: Layout, table: Any, torch: Any, device: Any
-) -> list[Any]:
+def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> list[np.ndarray]:
     """Per across metric, its (stats x 4) aggregate: own finished ranks plus this rank's values."""
     from .metrics import _AGG_IDENTITY, _agg_of, _merge_agg
 
-    parts: list[Any] = []
+    parts: list[np.ndarray] = []
     if not layout.across:
         return parts
-    rows = table[layout.across].cpu().numpy()
-    scratch = _scratch(metrics, layout, rows)
-    local = scratch._local_values(list(range(len(layout.across))))
+    local = _scratch(metrics, layout, rows)._local_values(list(range(len(layout.across))))
     for j, i in enumerate(layout.across):
         spec = layout.specs[i]
         slot = metrics._index.get(layout.names[i])
@@ -380,7 +419,7 @@ def _across_aggregates(
         agg = base.copy()
         if rows[j, st.W] > 0:
             agg = _merge_agg(agg, _agg_of(local[j, : len(spec.reduce)]))
-        parts.append(torch.from_numpy(agg).to(device))
+        parts.append(agg)
     return parts
 
 
@@ -406,6 +445,7 @@ def _scratch(metrics: Metrics, layout: Layout, rows: np.ndarray) -> Metrics:
 def _build_result(
     metrics: Metrics, layout: Layout, host: np.ndarray, n_agg: int, sketch_sizes: list[int]
 ) -> Metrics:
+    """A new Metrics over ``layout`` from the reduced host buffer (rows, aggregates, sketches)."""
     from .metrics import Metrics
 
     k = len(layout.names)
@@ -414,21 +454,15 @@ def _build_result(
     result._names = list(layout.names)
     result._index = dict(layout.index)
     result._specs = list(layout.specs)
-    result._rows = host[: k * st.NCOL].reshape(k, st.NCOL).copy()
-    if k == 0:
-        result._rows = st.empty_rows(8)
+    rows = host[: k * st.NCOL].reshape(k, st.NCOL)
+    result._rows = rows if k else st.empty_rows(8)
     offset = k * st.NCOL
-    agg_sums = host[offset : offset + 2 * n_agg].reshape(n_agg, 2)
-    offset += 2 * n_agg
-    agg_max = host[offset : offset + 2 * n_agg].reshape(n_agg, 2)
-    offset += 2 * n_agg
+    aggs = host[offset : offset + 4 * n_agg].reshape(n_agg, 4)
+    offset += 4 * n_agg
     row = 0
     for i in layout.across:
         count = len(layout.specs[i].reduce)
-        agg = np.empty((count, 4))
-        agg[:, :2] = agg_sums[row : row + count]
-        agg[:, 2:] = agg_max[row : row + count]
-        result._agg[i] = agg
+        result._agg[i] = aggs[row : row + count].copy()
         row += count
     for i, size in zip(layout.sketch, sketch_sizes):
         result._sketch[i] = host[offset : offset + size].copy()

@@ -1,0 +1,33 @@
+"""Sync cost against the baselines, for K = 100, 1,000, 10,000 metrics on 2 and 4 gloo ranks.
+
+Run: .venv/bin/python bench/sync.py [--repeats R] [--worlds 2 4] [--metrics 100 1000 10000]
+
+Each configuration runs in its own set of local gloo processes (127.0.0.1);
+every approach is timed in the same processes, so the ratios compare like with
+like. See metricsync/benchmark.py for what each approach does.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from metricsync.benchmark import format_rows, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--metrics", type=int, nargs="+", default=[100, 1000, 10000])
+    args = parser.parse_args()
+    rows = []
+    for world in args.worlds:
+        for k in args.metrics:
+            rows += run(world_size=world, metrics=k, repeats=args.repeats)
+            print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(format_rows(rows))
+
+
+if __name__ == "__main__":
+    main()
