@@ -1,0 +1,142 @@
+"""``metricsync demo``: a simulated multi-rank RL training run over gloo on this machine.
+
+N processes on 127.0.0.1 play data-parallel ranks of a PPO-shaped trainer.
+Every step each rank records what a real trainer records (per-token entropy
+under response masks, per-micro-batch losses under gradient accumulation,
+response lengths with quantiles, the learning rate, throughput, timings that
+only some ranks measure), then all ranks ``sync()`` and rank 0 logs to the
+console and to JSONL (and TensorBoard when installed). At the end it prints
+where the log and a PNG of the curves are.
+
+>>> from metricsync.demo import SPECS
+>>> SPECS["actor/lr"]
+Spec('last', fmt='.2e')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .spec import Spec
+
+__all__ = ["SPECS", "main"]
+
+SPECS = {
+    "actor/entropy": Spec("mean"),  # token mean over response tokens of every rank
+    "actor/pg_loss": Spec("sum", across="mean"),  # sum over micro-batches, mean over DP ranks
+    "actor/kl": Spec("mean"),  # weighted by the micro-batch's token count
+    "actor/grad_norm": Spec("max"),
+    "actor/lr": Spec("last", fmt=".2e"),
+    "response_length": Spec(("mean", "min", "max", "p50", "p99"), fmt=".0f"),
+    "critic/score": Spec(("mean", "std")),
+    "perf/tokens_per_s": Spec("sum", across="sum", fmt=",.0f"),
+    "timing/*": Spec("max", fmt=".3f"),
+}
+MICRO_BATCHES = 4
+BATCH = 8
+MAX_LEN = 256
+
+
+def _learning_rate(step: int, steps: int) -> float:
+    warmup = max(1, steps // 10)
+    if step < warmup:
+        return 1e-6 * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 1e-7 + (1e-6 - 1e-7) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _train_step(metrics: Any, rank: int, step: int, steps: int, rng: np.random.Generator) -> None:
+    import torch
+
+    start = time.perf_counter()
+    progress = step / max(1, steps - 1)
+    tokens = 0
+    if rank % 2 == 0:  # only the ranks that generate measure generation time
+        metrics.record("timing/gen", 0.02 + 0.01 * rng.random())
+    for _ in range(MICRO_BATCHES):
+        lengths = rng.integers(16, MAX_LEN, BATCH) if rank else rng.integers(64, MAX_LEN, BATCH)
+        mask = torch.arange(MAX_LEN)[None, :] < torch.as_tensor(lengths)[:, None]
+        entropy = torch.rand(BATCH, MAX_LEN, dtype=torch.float32) * (2.0 - 1.2 * progress)
+        metrics.record("actor/entropy", entropy, mask=mask)
+        n_tokens = int(lengths.sum())
+        tokens += n_tokens
+        loss = (0.5 - 0.4 * progress) / MICRO_BATCHES + 0.02 * rng.normal()
+        metrics.record("actor/pg_loss", loss)
+        metrics.record("actor/kl", abs(0.01 * progress + 0.002 * rng.normal()), weight=n_tokens)
+        metrics.record("actor/grad_norm", float(rng.lognormal(0.0, 0.3)))
+        metrics.record("response_length", torch.as_tensor(lengths))
+        metrics.record("critic/score", torch.as_tensor(rng.normal(progress, 1.0, BATCH)))
+    metrics.record("actor/lr", _learning_rate(step, steps))
+    time.sleep(0.02)
+    elapsed = time.perf_counter() - start
+    metrics.record("perf/tokens_per_s", tokens / elapsed)
+    metrics.record("timing/update", elapsed)
+
+
+def _progress(step: int, steps: int, started: float) -> None:
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    done = int(width * step / steps)
+    bar = "#" * done + "." * (width - done)
+    sys.stderr.write(f"\r[{bar}] {step}/{steps} steps  {time.monotonic() - started:5.1f}s")
+    sys.stderr.flush()
+
+
+def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple[str, ...]) -> str:
+    import metricsync as ms
+
+    from .tracker import Tracker
+
+    rng = np.random.default_rng(1234 + rank)
+    metrics = ms.Metrics(SPECS)
+    started = time.monotonic()
+    with Tracker(backends=backends, run_dir=out, rank=rank) as tracker:
+        for step in range(steps):
+            metrics.reset()
+            _train_step(metrics, rank, step, steps, rng)
+            synced = metrics.sync(timeout=60.0)
+            if rank == 0 and sys.stderr.isatty():
+                sys.stderr.write("\r\033[K")
+            tracker.log(synced, step=step)
+            if rank == 0:
+                sys.stdout.flush()
+                _progress(step + 1, steps, started)
+    if rank == 0 and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return str(Path(out) / "metrics.jsonl")
+
+
+def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:
+    """Run the demo: ``world_size`` gloo ranks for ``steps`` steps, logging under ``out``."""
+    from .testing import run_distributed
+
+    backends: tuple[str, ...] = ("console", "jsonl")
+    if importlib.util.find_spec("tensorboard") is not None:
+        backends += ("tensorboard",)
+    print(
+        f"metricsync demo: {world_size} gloo ranks on 127.0.0.1, {steps} steps, "
+        f"logging to {', '.join(backends)} under {out}",
+        flush=True,
+    )
+    begun = time.monotonic()
+    results = run_distributed(_rank_main, world_size, args=(steps, out, backends), timeout=300.0)
+    jsonl = Path(results[0])
+    print(f"\ndone in {time.monotonic() - begun:.1f}s")
+    print(f"JSONL log:   {jsonl}")
+    try:
+        from .plotting import plot_jsonl
+
+        png = plot_jsonl(jsonl, Path(out) / "metrics.png")
+        print(f"curves:      {png}")
+    except ImportError as exc:
+        print(f"curves:      skipped ({exc})")
+    print(f"table:       metricsync show {jsonl} --last 5")
+    return 0
