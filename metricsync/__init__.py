@@ -12,9 +12,11 @@ collectives, log anywhere.
 
 from __future__ import annotations
 
+from .collect import collect
 from .errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
 from .metrics import Metrics, merge
 from .spec import Spec
+from .tracker import Tracker
 
 __all__ = [
     "CodecError",
@@ -23,6 +25,8 @@ __all__ = [
     "Spec",
     "SpecMismatchError",
     "SyncError",
+    "Tracker",
+    "collect",
     "merge",
 ]
 __version__ = "0.1.0"
