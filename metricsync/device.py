@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .convert import host_mask, host_weights
@@ -71,10 +72,11 @@ def check_on_host(name: str, spec: Spec, value: Any, weight: Any) -> None:
 
 
 def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
-    """Combine ``weight`` and ``mask`` into one flat float64 tensor on value's device (or None).
+    """Combine ``weight`` and ``mask`` into one flat tensor on value's device (or None).
 
-    Shapes and dtypes are checked here (host-known); device values are not read.
-    Host weights and masks are checked on the host right away.
+    float64 when there is a weight; a mask alone stays a bool tensor (cheaper to
+    apply). Shapes and dtypes are checked here (host-known); device values are
+    not read. Host weights and masks are checked on the host right away.
     """
     shape = tuple(value.shape)
     w = None
@@ -90,6 +92,9 @@ def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
                     f"to the value's shape {shape}"
                 ) from None
             w = expanded.reshape(-1)
+        elif np.ndim(weight) == 0:  # a number: checked here, then a fill on the device
+            scalar = float(host_weights(name, weight, ())[0])
+            w = torch.full((), scalar, dtype=_F64, device=value.device).expand(value.numel())
         else:
             w = torch.tensor(host_weights(name, weight, shape), device=value.device)
     if mask is not None:
@@ -100,9 +105,11 @@ def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
                 )
             if mask.is_complex():
                 raise TypeError(f"metric {name!r}: mask must be boolean, got dtype {mask.dtype}")
-            m = (mask.to(value.device).reshape(-1) != 0).to(_F64)
+            m = mask.to(value.device).reshape(-1)
+            if m.dtype != torch.bool:
+                m = m != 0
         else:
-            m = torch.as_tensor(host_mask(name, mask, shape)).to(value.device)
+            m = torch.from_numpy(host_mask(name, mask, shape) != 0).to(value.device)
         w = m if w is None else w * m
     return w
 
@@ -114,7 +121,9 @@ class DeviceAccumulator:
 
     def __init__(self, device: torch.device, n_sketch: int) -> None:
         self.device = device
-        self.row = torch.as_tensor(IDENTITY, dtype=_F64).to(device)
+        self.row = torch.empty(NCOL, dtype=_F64, device=device)
+        for i, v in enumerate(IDENTITY.tolist()):
+            self.row[i] = v  # fills on the device, not a host-to-device copy
         self.sketch = torch.zeros(n_sketch, dtype=_F64, device=device) if n_sketch else None
         self.bad = torch.zeros((), dtype=_F64, device=device)
 
@@ -128,7 +137,7 @@ class DeviceAccumulator:
             return
         ok = None
         w = None if weight is None else weight.detach()
-        if w is not None:
+        if w is not None and w.dtype != torch.bool:  # a bare mask cannot be negative
             bad = (w < 0).any() | ~torch.isfinite(w).all()
             self.bad = torch.where(bad & (self.bad == 0), BAD_WEIGHT, self.bad)
             ok = ~bad
@@ -144,10 +153,15 @@ class DeviceAccumulator:
                 drop = sample.sum(dtype=_F64)
                 keep_finite = (~nonfinite).to(_F64)
                 w = keep_finite if w is None else w * keep_finite
-        keep = None if w is None else w > 0
+        # Scalars enter as kernel arguments or torch.full fills: a torch.tensor(...,
+        # device=...) would be a host-to-device copy, which waits for the device.
+        keep = None if w is None else w if w.dtype == torch.bool else w > 0
         xz = x if keep is None else torch.where(keep, x, 0.0)
         if w is None:
-            wsum = torch.tensor(float(n), dtype=_F64, device=x.device)
+            wsum = torch.full((), float(n), dtype=_F64, device=x.device)
+            ssum = xz.sum(dtype=_F64)
+        elif w.dtype == torch.bool:
+            wsum = w.sum(dtype=_F64)
             ssum = xz.sum(dtype=_F64)
         else:
             wsum = w.sum()
@@ -155,17 +169,20 @@ class DeviceAccumulator:
         cols: list[Any] = [wsum, ssum] + [None] * (NCOL - 2)
         stats = set(spec.reduce)
         if stats & _PLAIN_NEEDS_MINMAX or spec.quantiles:
-            neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
-            cols[MAX] = (x if keep is None else torch.where(keep, x, neg_inf)).max().to(_F64)
-            cols[NEGMIN] = (-x if keep is None else torch.where(keep, -x, neg_inf)).max().to(_F64)
+            if keep is None:
+                cols[MAX] = x.max().to(_F64)
+                cols[NEGMIN] = -x.min().to(_F64)
+            else:
+                cols[MAX] = torch.where(keep, x, float("-inf")).max().to(_F64)
+                cols[NEGMIN] = -torch.where(keep, x, float("inf")).min().to(_F64)
         if "last" in stats:
             if keep is None:
                 cols[LAST] = x[-1].to(_F64)
-                cols[T] = torch.tensor(now, dtype=_F64, device=x.device)
+                cols[T] = torch.full((), now, dtype=_F64, device=x.device)
             else:
                 pos = torch.where(keep, torch.arange(n, device=x.device), -1).max()
                 cols[LAST] = x.gather(0, pos.clamp(min=0).reshape(1))[0].to(_F64)
-                stamp = torch.tensor(now, dtype=_F64, device=x.device)  # float32 would round it
+                stamp = torch.full((), now, dtype=_F64, device=x.device)  # float32 would round it
                 cols[T] = torch.where(pos >= 0, stamp, float("-inf"))
         if "var" in stats or "std" in stats:
             mean = ssum / torch.where(wsum > 0, wsum, 1.0)
@@ -174,9 +191,11 @@ class DeviceAccumulator:
             cols[M2] = sq.sum()
         if drop is not None:
             cols[DROP] = drop
-        ident = torch.as_tensor(IDENTITY, dtype=_F64)
         batch = torch.stack(
-            [c.reshape(()) if c is not None else ident[i].to(x.device) for i, c in enumerate(cols)]
+            [
+                c.reshape(()) if c is not None else torch.full((), v, dtype=_F64, device=x.device)
+                for c, v in zip(cols, IDENTITY.tolist())
+            ]
         )
         merged = merge_rows(self.row, batch, torch)
         self.row = merged if ok is None else torch.where(ok, merged, self.row)

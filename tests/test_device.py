@@ -41,22 +41,30 @@ def no_host_reads() -> Iterator[list[str]]:
         yield attempts
 
 
-def _record_everything(m: ms.Metrics, dev: str) -> None:
+def _calls(dev: str) -> list[tuple[str, Any, dict[str, Any]]]:
+    """A mix of record calls with device values, weights and masks."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 8, generator=g).to(dev)
     mask = (torch.rand(4, 8, generator=g) < 0.6).to(dev)
-    m.record("ent", x, mask=mask)
-    m.record("ent", x[0], weight=torch.rand(8, generator=g).to(dev))
-    m.record("ent", x, weight=torch.ones(8, device=dev), mask=mask.to(torch.int32))
-    m.record("ent", x.to(torch.bfloat16))
-    m.record("ent", torch.tensor(3, device=dev))
-    m.record(
-        "len", torch.arange(1, 100, device=dev), mask=torch.ones(99, dtype=torch.bool, device=dev)
-    )
-    m.record("kl", torch.tensor([1.0, float("nan")], device=dev))
-    m.record("strict", x, weight=2.0)
-    m.record("pg", x.sum())
-    m.update({"ent": x[1], "pg": x[2].sum()})
+    weight = torch.rand(8, generator=g).to(dev)
+    return [
+        ("ent", x, {"mask": mask}),
+        ("ent", x[0], {"weight": weight}),
+        ("ent", x, {"weight": torch.ones(8).to(dev), "mask": mask.to(torch.int32)}),
+        ("ent", x.to(torch.bfloat16), {}),
+        ("ent", torch.tensor(3).to(dev), {}),
+        ("len", torch.arange(1, 100).to(dev), {"mask": torch.ones(99, dtype=torch.bool).to(dev)}),
+        ("kl", torch.tensor([1.0, float("nan")]).to(dev), {}),
+        ("strict", x, {"weight": 2.0}),
+        ("pg", x.sum(), {}),
+        ("ent", x[1], {}),
+        ("pg", x[2].sum(), {}),
+    ]
+
+
+def _record_everything(m: ms.Metrics, dev: str, calls: Any = None) -> None:
+    for name, value, kwargs in calls or _calls(dev):
+        m.record(name, value, **kwargs)
 
 
 def test_recording_never_reads_the_tensor() -> None:
@@ -75,6 +83,39 @@ def test_recording_on_the_meta_device() -> None:
         assert set(m.names) == set(SPECS)
         assert len(m) == len(SPECS) and "ent" in m
     assert attempts == []
+
+
+def test_recording_device_tensors_copies_nothing_from_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host-to-device copy waits for the device (CUDA syncs the stream): none while recording."""
+    copies: list[str] = []
+
+    def on_device(device: Any) -> bool:
+        return device is not None and torch.device(device).type != "cpu"
+
+    for factory in ("tensor", "as_tensor"):
+        original = getattr(torch, factory)
+
+        def make(*args: Any, _original: Any = original, _name: str = factory, **kw: Any) -> Any:
+            if on_device(kw.get("device")):
+                copies.append(f"torch.{_name}")
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(torch, factory, make)
+    to = torch.Tensor.to
+
+    def counted_to(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        target = kwargs.get("device", args[0] if args else None)
+        if t.device.type == "cpu" and isinstance(target, (str, torch.device)) and on_device(target):
+            copies.append("Tensor.to")
+        return to(t, *args, **kwargs)
+
+    calls = _calls("meta")  # the inputs are made before counting
+    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    m = ms.Metrics(SPECS)
+    _record_everything(m, "meta", calls)
+    assert copies == []
 
 
 def test_meta_tensor_with_host_mask_and_weight() -> None:
