@@ -73,6 +73,7 @@ class Metrics:
         self._dirty: list[str] = []
         self._dev: dict[Any, dict[int, Any]] = {}
         self._version = 0
+        self._layout_shared = False  # _names/_index/_specs belong to a cached sync layout
         self._sync_cache: dict[Any, Any] = {}
 
     # ------------------------------------------------------------------ specs
@@ -224,6 +225,8 @@ class Metrics:
         slot = self._index.get(name)
         if slot is not None:
             return slot
+        if self._layout_shared:
+            self._unshare_layout()
         slot = len(self._names)
         if slot == len(self._rows):
             self._rows = np.concatenate([self._rows, st.empty_rows(len(self._rows))])
@@ -244,7 +247,18 @@ class Metrics:
         if spec.across != "exact":
             self._agg[slot] = np.tile(_AGG_IDENTITY, (len(spec.reduce), 1))
 
+    def _unshare_layout(self) -> None:
+        """Copy the name tables a sync result shares with its cached layout before changing them."""
+        self._names, self._index, self._specs = (
+            list(self._names),
+            dict(self._index),
+            list(self._specs),
+        )
+        self._layout_shared = False
+
     def _respec(self, slot: int, spec: Spec) -> None:
+        if self._layout_shared:
+            self._unshare_layout()
         self._specs[slot] = spec
         self._rows[slot] = st.IDENTITY
         self._configure(slot, spec)

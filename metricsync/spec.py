@@ -206,6 +206,7 @@ class SpecTable:
         self._exact: dict[str, Spec] = {}
         self._globs: dict[str, Spec] = {}
         self._ordered_globs: list[tuple[str, Spec]] = []
+        self._shared = False
         for key, spec in (rules or {}).items():
             self.add(key, spec)
 
@@ -236,6 +237,10 @@ class SpecTable:
             )
         if old is not None:
             return
+        if self._shared:  # detach from the tables this one was copied from or to
+            self._exact, self._globs = dict(self._exact), dict(self._globs)
+            self._ordered_globs = list(self._ordered_globs)
+            self._shared = False
         if self.is_glob(key):
             self._globs[key] = spec
             self._ordered_globs = sorted(self._globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
@@ -257,9 +262,10 @@ class SpecTable:
         return None
 
     def copy(self) -> SpecTable:
-        """An independent copy."""
+        """An independent copy (copy-on-write: the rules are copied at the first ``add``)."""
         table = SpecTable()
-        table._exact = dict(self._exact)
-        table._globs = dict(self._globs)
-        table._ordered_globs = list(self._ordered_globs)
+        table._exact = self._exact
+        table._globs = self._globs
+        table._ordered_globs = self._ordered_globs
+        table._shared = self._shared = True
         return table

@@ -68,6 +68,7 @@ class Layout:
         self.across = [i for i, spec in enumerate(self.specs) if spec.across != "exact"]
         self.exact = np.array([spec.across == "exact" for spec in self.specs], dtype=bool)
         self.sketch = [i for i, spec in enumerate(self.specs) if spec.needs_sketch]
+        self.last = np.array(["last" in spec.reduce for spec in self.specs], dtype=bool)
 
     @classmethod
     def from_blob(cls, blob: bytes) -> Layout:
@@ -325,25 +326,27 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         table[:, st.DROP] = drop
     agg = ops.asarray(np.concatenate(agg_parts) if agg_parts else np.zeros((0, 4)))
 
-    w = table[:, st.W]
+    # Column-major from here on: every column operation runs over contiguous memory.
+    cols = np.ascontiguousarray(table.T) if ops.host else table.T.contiguous()
+    w = cols[st.W]
     has = w > 0
     n_agg = agg.shape[0]
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = xp.where(has, table[:, st.S] / xp.where(has, w, 1.0), -inf)
+        mean = xp.where(has, cols[st.S] / xp.where(has, w, 1.0), -inf)
         mean = xp.where(xp.isnan(mean), -inf, mean)
         max_buf = ops.empty(k * _MAX_COLS + 2 * n_agg)
-        max_view = max_buf[: k * _MAX_COLS].reshape(k, _MAX_COLS)
-        max_view[:, :3] = table[:, st.MAX : st.T + 1]
-        max_view[:, 3] = mean
+        max_view = max_buf[: k * _MAX_COLS].reshape(_MAX_COLS, k)
+        max_view[:3] = cols[st.MAX : st.T + 1]
+        max_view[3] = mean
         max_buf[k * _MAX_COLS :] = agg[:, 2:].reshape(-1)
-        nan_mm = xp.isnan(max_view[:, 0]) | xp.isnan(max_view[:, 1])
+        nan_mm = xp.isnan(max_view[0]) | xp.isnan(max_view[1])
         max_buf[xp.isnan(max_buf)] = -inf
         comm.all_reduce(ops.comm(max_buf), comm.dist.ReduceOp.MAX, "the MAX all_reduce")
 
-        t_max = max_view[:, 2]
-        shift = xp.where(xp.isfinite(max_view[:, 3]), max_view[:, 3], 0.0)
+        t_max = max_view[2]
+        shift = xp.where(xp.isfinite(max_view[3]), max_view[3], 0.0)
         d = xp.where(has, mean - shift, 0.0)
-        tied = (table[:, st.T] == t_max) & (t_max > -inf)
+        tied = (cols[st.T] == t_max) & (t_max > -inf) & ops.asarray(layout.last)
         sketch_parts = []
         for i in layout.sketch:
             cells = _local_sketch(metrics, layout.names[i], ops) if layout.exact[i] else None
@@ -355,14 +358,14 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         sketch_sizes = [len(cells) for cells in sketch_parts]
         ncols = _SUM_COLS + 1
         sum_buf = ops.empty(k * ncols + 2 * n_agg + sum(sketch_sizes))
-        sum_view = sum_buf[: k * ncols].reshape(k, ncols)
-        sum_view[:, 0] = w
-        sum_view[:, 1] = table[:, st.S]
-        sum_view[:, 2] = table[:, st.DROP]
-        sum_view[:, 3] = table[:, st.M2] + w * d * d  # M2 around the common shift
-        sum_view[:, 4] = xp.where(tied, table[:, st.LAST], 0.0)
-        sum_view[:, 5] = tied
-        sum_view[:, 6] = nan_mm
+        sum_view = sum_buf[: k * ncols].reshape(ncols, k)
+        sum_view[0] = w
+        sum_view[1] = cols[st.S]
+        sum_view[2] = cols[st.DROP]
+        sum_view[3] = cols[st.M2] + w * d * d  # M2 around the common shift
+        sum_view[4] = xp.where(tied, cols[st.LAST], 0.0)
+        sum_view[5] = tied
+        sum_view[6] = nan_mm
         offset = k * ncols
         sum_buf[offset : offset + 2 * n_agg] = agg[:, :2].reshape(-1)
         offset += 2 * n_agg
@@ -371,28 +374,28 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
             offset += len(cells)
         comm.all_reduce(ops.comm(sum_buf), comm.dist.ReduceOp.SUM, "the SUM all_reduce")
 
-        ties = sum_view[:, 5]
-        last = sum_view[:, 4] / xp.where(ties > 0, ties, 1.0)
+        ties = sum_view[5]
+        last = sum_view[4] / xp.where(ties > 0, ties, 1.0)
         if bool((ties > 1).any()):  # equal times on several ranks: the larger value wins
-            cand = xp.where(tied & (ties > 1), table[:, st.LAST], -inf)
+            cand = xp.where(tied & (ties > 1), cols[st.LAST], -inf)
             comm.all_reduce(ops.comm(cand), comm.dist.ReduceOp.MAX, "the tie-break all_reduce")
             last = xp.where(ties > 1, cand, last)
 
-        total_w = sum_view[:, 0]
-        nan_any = sum_view[:, 6] > 0
+        total_w = sum_view[0]
+        nan_any = sum_view[6] > 0
         pos = total_w > 0
-        d_all = xp.where(pos, sum_view[:, 1] / xp.where(pos, total_w, 1.0) - shift, 0.0)
-        m2 = sum_view[:, 3] - total_w * d_all * d_all
+        d_all = xp.where(pos, sum_view[1] / xp.where(pos, total_w, 1.0) - shift, 0.0)
+        m2 = sum_view[3] - total_w * d_all * d_all
         out = ops.empty(k * st.NCOL + 4 * n_agg)
-        rows = out[: k * st.NCOL].reshape(k, st.NCOL)
-        rows[:, st.W] = total_w
-        rows[:, st.S] = sum_view[:, 1]
-        rows[:, st.MAX] = xp.where(nan_any, float("nan"), max_view[:, 0])
-        rows[:, st.NEGMIN] = xp.where(nan_any, float("nan"), max_view[:, 1])
-        rows[:, st.T] = t_max
-        rows[:, st.LAST] = last
-        rows[:, st.M2] = xp.where(m2 < 0, 0.0, m2)
-        rows[:, st.DROP] = sum_view[:, 2]
+        rows = out[: k * st.NCOL].reshape(st.NCOL, k)
+        rows[st.W] = total_w
+        rows[st.S] = sum_view[1]
+        rows[st.MAX] = xp.where(nan_any, float("nan"), max_view[0])
+        rows[st.NEGMIN] = xp.where(nan_any, float("nan"), max_view[1])
+        rows[st.T] = t_max
+        rows[st.LAST] = last
+        rows[st.M2] = xp.where(m2 < 0, 0.0, m2)
+        rows[st.DROP] = sum_view[2]
         aggs = out[k * st.NCOL :].reshape(n_agg, 4)
         aggs[:, :2] = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
         aggs[:, 2:] = max_buf[k * _MAX_COLS :].reshape(n_agg, 2)
@@ -451,10 +454,9 @@ def _build_result(
     k = len(layout.names)
     result = Metrics()
     result._table = metrics._table.copy()
-    result._names = list(layout.names)
-    result._index = dict(layout.index)
-    result._specs = list(layout.specs)
-    rows = host[: k * st.NCOL].reshape(k, st.NCOL)
+    result._names, result._index, result._specs = layout.names, layout.index, layout.specs
+    result._layout_shared = True  # copied on the result's first new name or respec
+    rows = host[: k * st.NCOL].reshape(st.NCOL, k).T  # a column-major view: no copy
     result._rows = rows if k else st.empty_rows(8)
     offset = k * st.NCOL
     aggs = host[offset : offset + 4 * n_agg].reshape(n_agg, 4)
