@@ -79,12 +79,15 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]
         for part in gathered:
             for name, vals in part.items():
                 merged.setdefault(name, []).extend(vals)
-        out = {}
-        for name, vals in merged.items():
-            kind = specs[name].reduce[0]
-            arr = np.asarray(vals)
-            out[name] = {"mean": arr.mean, "sum": arr.sum, "max": arr.max, "std": arr.std}[kind]()
-        return out
+        reducers: dict[str, Callable[[np.ndarray], Any]] = {
+            "mean": np.mean,
+            "sum": np.sum,
+            "max": np.max,
+            "std": np.std,
+        }
+        return {
+            name: reducers[specs[name].reduce[0]](np.asarray(vals)) for name, vals in merged.items()
+        }
 
     per_metric_buffers = [
         torch.tensor([row.sum(), float(len(row))], dtype=torch.float64) for row in values
