@@ -187,7 +187,7 @@ class DeviceAccumulator:
         if "var" in stats or "std" in stats:
             mean = ssum / torch.where(wsum > 0, wsum, 1.0)
             dev = xz.to(_F64) - mean
-            sq = dev * dev if keep is None else torch.where(keep, w * dev * dev, 0.0)
+            sq = dev * dev if w is None or keep is None else torch.where(keep, w * dev * dev, 0.0)
             cols[M2] = sq.sum()
         if drop is not None:
             cols[DROP] = drop

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import pickle
 import random
 from dataclasses import dataclass
@@ -31,14 +32,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
+from metricsync import state
 
 PLAIN = ("mean", "sum", "count", "min", "max", "last", "std", "var")
 QUANTILES = ("p0", "p50", "p90", "p99", "p100")
 HAS_SKETCH = importlib.util.find_spec("metricsync.sketch") is not None
 needs_sketch = pytest.mark.skipif(not HAS_SKETCH, reason="metricsync.sketch not written yet")
 
-SETTINGS = settings(
-    max_examples=60,
+SETTINGS = settings(  # METRICSYNC_EXAMPLES=2000 for a deeper search
+    max_examples=int(os.environ.get("METRICSYNC_EXAMPLES", "60")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -305,7 +307,7 @@ def test_last_with_equal_times_keeps_the_larger_value() -> None:
     for value in (3.0, 5.0):
         m = ms.Metrics({"lr": ms.Spec("last")})
         m.record("lr", value)
-        m._rows[0, 4] = 1e15  # the T column: force equal time stamps
+        m._rows[0, state.T] = 1e15  # force equal time stamps
         rows.append(m)
     assert ms.merge(rows).compute() == {"lr": 5.0}
     assert ms.merge(rows[::-1]).compute() == {"lr": 5.0}
