@@ -206,6 +206,8 @@ class Metrics:
         check_on_host(name, spec, tensor, w)  # CPU tensors are host data: checked now
         self._fold_pending()
         slot = self._slot(name, spec)
+        if tensor.numel() == 0:  # no samples (and no accumulator that `names` would count)
+            return
         accs = self._dev.setdefault(tensor.device, {})
         acc = accs.get(slot)
         layout = _layout(spec) if spec.needs_sketch else None

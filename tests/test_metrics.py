@@ -626,3 +626,10 @@ def test_merge_result_is_independent_of_its_inputs() -> None:
     assert merged.compute() == {"x": 2.0}
     merged.record("x", 5.0)
     assert a.compute() == {"x": 50.5} and b.compute() == {}
+
+
+def test_empty_tensor_is_not_a_name_before_compute() -> None:
+    m = ms.Metrics()
+    m.record("a", torch.tensor([]))
+    m.record("b", torch.ones(0, 3, device="meta"))
+    assert m.names == [] and len(m) == 0 and "a" not in m
