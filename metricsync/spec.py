@@ -71,7 +71,8 @@ class Spec:
         fmt: a format spec without braces (``".3f"``), or None for adaptive.
         nan: ``"propagate"``, ``"ignore"`` (drop non-finite samples and count
             them) or ``"error"`` (raise ``ValueError``).
-        accuracy: relative accuracy of the quantile sketch (quantile specs only).
+        accuracy: relative accuracy of the quantile sketch; specs without a quantile
+            between p0 and p100 ignore it (it reads back as the default 0.01).
 
     >>> spec = Spec(("mean", "p99"), fmt=".0f")
     >>> spec.reduce, spec.across, spec.quantiles
@@ -126,6 +127,8 @@ class Spec:
             from .sketch import sketch_layout
 
             sketch_layout(accuracy)  # ValueError now, not at the first record, if it cannot fit
+        else:
+            accuracy = 0.01  # meaningless without a sketch: never a reason for two specs to differ
         setattr_ = object.__setattr__
         setattr_(self, "reduce", stats)
         setattr_(self, "across", across)

@@ -309,3 +309,9 @@ def test_merge_declared_only_names_conflict_too() -> None:
     right = _loaded({"x": ms.Spec("min")}, {"x": [1.0]})
     with pytest.raises(ms.SpecMismatchError):
         left.merge(right)
+
+
+def test_accuracy_without_a_sketch_never_makes_specs_differ() -> None:
+    assert ms.Spec("mean", accuracy=0.05) == ms.Spec("mean")
+    assert ms.Spec(("p0", "p100"), accuracy=0.05) == ms.Spec(("p0", "p100"))
+    assert ms.Spec("p50", accuracy=0.02) != ms.Spec("p50")
