@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,12 @@ def test_wandb_offline_run_holds_the_history(
     root = wandb_dir if use_wandb_dir else run_dir
     [run_file] = root.glob("wandb/offline-run-*/run-*.wandb")
     rows = _wandb_history(run_file)
+    deadline = time.monotonic() + 30.0
+    while (
+        len(rows) < len(STEPS) and time.monotonic() < deadline
+    ):  # wandb's writer is another process
+        time.sleep(0.2)
+        rows = _wandb_history(run_file)
     assert [row["_step"] for row in rows] == [1, 2, 3]
     for row, (_, values) in zip(rows, STEPS, strict=True):
         assert all(_same(row[key], value) for key, value in values.items())
