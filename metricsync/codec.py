@@ -10,7 +10,20 @@ Layout, all little-endian::
 
 Every length is checked against the bytes actually present before anything is
 allocated, so a hostile header cannot make the decoder allocate more than the
-input's size. Anything malformed raises :class:`~metricsync.CodecError`.
+input's size: the body must be exactly as long as the declared metrics need
+before any state is created, and a format spec may not ask for a width or
+precision above 1000 (``format`` would allocate that many characters). The
+decoder's work is linear in the input's size. Anything malformed raises
+:class:`~metricsync.CodecError`, and nothing else.
+
+Decoded states must be ones that recording and merging can produce: weight
+sums, sketch cells and dropped-sample counts are ``>= 0`` (not NaN), the
+per-rank counts of ``across`` aggregates are non-negative integers and no
+time stamp is NaN; anything else is a ``CodecError``. Values (sums, extremes,
+``last``, second moments, aggregate values) may be NaN or infinite, as
+``nan="propagate"`` samples and float64 overflow make them; ``compute()``
+then reports NaN or infinities for them. Unknown extra header fields are
+ignored.
 
 >>> import metricsync as ms
 >>> m = ms.Metrics({"lr": ms.Spec("last")}); m.record("lr", 3e-4)
@@ -25,6 +38,7 @@ metricsync.errors.CodecError: truncated: 4 bytes, a metricsync blob has at least
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -32,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import state as st
-from .errors import CodecError
-from .spec import Spec
+from .errors import CodecError, MetricsyncError
+from .spec import Spec, SpecTable
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -45,6 +59,8 @@ FORMAT_VERSION = 1
 _HEAD = struct.Struct("<4sHHIQ")
 _CRC = struct.Struct("<I")
 _MIN_SIZE = _HEAD.size + _CRC.size
+_MAX_FMT_NUMBER = 1000  # largest width or precision a decoded format spec may ask for
+_FMT_NUMBER = re.compile(r"\d+")
 
 
 def encode(metrics: Metrics) -> bytes:
@@ -98,7 +114,16 @@ def decode(data: Any) -> Metrics:
         return _build(header, body)
     except CodecError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError, AttributeError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        RecursionError,
+        AttributeError,
+        OverflowError,  # a JSON integer too large for a float (a spec's accuracy)
+        MetricsyncError,  # a rule table conflict
+    ) as exc:
         raise CodecError(f"malformed metricsync blob: {exc}") from None
 
 
@@ -131,17 +156,21 @@ def _build(header: Any, body: memoryview) -> Metrics:
     aggs = _pairs(header, "agg", (int, int))
     specs: dict[str, Spec] = {}
     m = Metrics()
-    for key, text in rules:
-        m._table.add(key, specs.setdefault(text, Spec.from_json(text)))
+    _add_rules(m._table, [(key, _spec_of(text, specs)) for key, text in rules])
+    slot_specs = [_spec_of(text, specs) for _, text in slots]
     n = len(slots)
     offset = n * st.NCOL * 8
-    if offset > len(body):
-        raise CodecError(f"body too short for {n} state rows")
+    need = offset + sum(
+        8 * sketch_layout(spec.accuracy).n_cells for spec in slot_specs if spec.needs_sketch
+    )
+    need += sum(32 * len(spec.reduce) for spec in slot_specs if spec.across != "exact")
+    if need != len(body):  # checked before any state is allocated
+        raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
     rows = np.frombuffer(body[:offset], dtype="<f8").reshape(n, st.NCOL)
-    for name, text in slots:
+    for (name, _), spec in zip(slots, slot_specs):
         if not name or name in m._index:
             raise CodecError(f"empty or repeated metric name {name!r}")
-        m._slot(name, specs.setdefault(text, Spec.from_json(text)))
+        m._slot(name, spec)
     if n:
         m._rows[:n] = rows
     want_sketch = sorted(s for s, spec in enumerate(m._specs) if spec.needs_sketch)
@@ -162,7 +191,67 @@ def _build(header: Any, body: memoryview) -> Metrics:
         offset += count * 32
     if offset != len(body):
         raise CodecError(f"{len(body) - offset} unexplained trailing body bytes")
+    _check_counts(m)
     return m
+
+
+def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:
+    """The spec a header text describes (parsed once per distinct text)."""
+    spec = cache.get(text)
+    if spec is None:
+        data = json.loads(text)
+        fmt = data[2] if isinstance(data, list) and len(data) == 5 else None
+        if isinstance(fmt, str) and any(
+            len(digits) > 6 or int(digits) > _MAX_FMT_NUMBER for digits in _FMT_NUMBER.findall(fmt)
+        ):
+            raise CodecError(
+                f"format spec {fmt[:40]!r} asks for a width or precision above {_MAX_FMT_NUMBER}"
+            )
+        spec = cache[text] = Spec.from_json(text)
+    return spec
+
+
+def _add_rules(table: SpecTable, rules: list[tuple[str, Spec]]) -> None:
+    """Add decoded rules; a repeated key is malformed.
+
+    ``SpecTable.add`` sorts the globs on every call, which is quadratic in
+    their number: the globs but the last go in directly and one ``add`` sorts
+    them all at once.
+    """
+    globs = []
+    for key, spec in rules:
+        if not key or table.rule_for(key) is not None:
+            raise CodecError(f"empty or repeated rule {key!r}")
+        if SpecTable.is_glob(key):
+            globs.append((key, spec))
+            table._globs[key] = spec  # placeholder so rule_for sees it; sorted below
+        else:
+            table.add(key, spec)
+    if globs:
+        last_key, last_spec = globs[-1]
+        del table._globs[last_key]
+        table.add(last_key, last_spec)
+
+
+def _check_counts(m: Metrics) -> None:
+    """Reject states no record or merge can produce (see the module docstring)."""
+    n = len(m._names)
+    rows = m._rows[:n]
+    bad = ~(rows[:, st.W] >= 0) | ~(rows[:, st.DROP] >= 0) | ~np.isfinite(rows[:, st.DROP])
+    bad |= np.isnan(rows[:, st.T])
+    for slot, cells in m._sketch.items():
+        bad[slot] |= not bool((cells >= 0).all())
+    for slot, agg in m._agg.items():
+        ranks = agg[:, 1]
+        bad[slot] |= not bool(
+            (np.isfinite(ranks) & (ranks >= 0) & (ranks == np.floor(ranks))).all()
+        )
+    if bad.any():
+        name = m._names[int(np.argmax(bad))]
+        raise CodecError(
+            f"metric {name!r} holds a negative, NaN or fractional count; no record or merge "
+            "makes that state"
+        )
 
 
 def _take(body: memoryview, offset: int, count: int) -> np.ndarray:

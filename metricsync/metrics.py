@@ -21,6 +21,7 @@ Torch tensors accumulate on their own device (:mod:`metricsync.device`).
 from __future__ import annotations
 
 import fnmatch
+import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -60,6 +61,10 @@ class Metrics:
     """
 
     def __init__(self, specs: Mapping[str, Spec] | None = None) -> None:
+        if specs is not None and not isinstance(specs, Mapping):
+            raise TypeError(
+                f"specs must map metric names or globs to Spec, got {type(specs).__name__}"
+            )
         self._table = SpecTable()
         for key, spec in (specs or {}).items():
             self._table.add(key, spec)
@@ -137,7 +142,7 @@ class Metrics:
         if (cls is float or cls is int or cls is _FLOAT64) and weight is None and mask is None:
             try:
                 buf = self._fast[name]  # a subscript is cheaper than .get on this path
-            except KeyError:
+            except (KeyError, TypeError):  # TypeError: an unhashable name, reported below
                 pass
             else:
                 try:
@@ -155,9 +160,43 @@ class Metrics:
         self._record_slow(name, value, weight, mask)
 
     def update(self, values: Mapping[str, Any]) -> None:
-        """Record several metrics at once: ``update({"lr": lr, "tokens": n})``."""
-        for name, value in values.items():
+        """Record several metrics at once: ``update({"lr": lr, "tokens": n})``.
+
+        Every entry is checked before any is recorded, so a bad one raises (naming
+        its metric) and leaves the metrics unchanged.
+        """
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                f"update() takes a mapping of metric names to values, got {type(values).__name__}"
+            )
+        items = list(values.items())
+        for name, value in items:
+            self._check_value(name, value)
+        for name, value in items:
             self.record(name, value)
+
+    def _check_value(self, name: Any, value: Any) -> None:
+        """Raise what ``record(name, value)`` raises for bad input, without recording."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
+        cls = value.__class__
+        if cls is float or cls is _FLOAT64:
+            finite = math.isfinite(value)
+        else:
+            tensor = as_torch(value)
+            if tensor is not None:
+                if tensor.is_complex():
+                    raise TypeError(
+                        f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}"
+                    )
+                if self.spec(name).nan == "error":
+                    from .device import check_on_host
+
+                    check_on_host(name, self.spec(name), tensor, None)
+                return
+            finite = bool(np.isfinite(host_values(name, value)).all())
+        if not finite and self.spec(name).nan == "error":
+            raise ValueError(f"metric {name!r}: non-finite sample under nan='error'")
 
     def _record_slow(self, name: str, value: Any, weight: Any, mask: Any) -> None:
         if not isinstance(name, str) or not name:
@@ -442,6 +481,22 @@ class Metrics:
 
         if values is None:
             values = self.compute()
+        elif not isinstance(values, Mapping):
+            raise TypeError(
+                f"format() takes a mapping of keys to numbers, got {type(values).__name__}"
+            )
+        else:
+            checked = {}
+            for key, value in values.items():
+                try:
+                    if isinstance(value, (str, bytes)):
+                        raise TypeError
+                    checked[key] = float(value)
+                except (TypeError, ValueError, OverflowError):
+                    raise TypeError(
+                        f"metric {key!r}: expected a number to format, got {type(value).__name__}"
+                    ) from None
+            values = checked
         return format_line(values, self.key_formats())
 
     # -------------------------------------------------------------- lifecycle

@@ -14,8 +14,9 @@ When layouts differ, ranks exchange them as bytes in ``uint8`` tensors (two
 ``all_gather`` calls, no pickle), agree on the union, and remember it, so the
 next sync with the same names is steady state again. A name whose spec
 differs between ranks raises :class:`~metricsync.SpecMismatchError` on every
-rank. A collective that does not finish within ``timeout`` raises
-:class:`~metricsync.SyncError`.
+rank, also when a rank only declares the name (a rule, no samples) with
+another spec: each rank flags such a rule in the MAX all-reduce. A collective
+that does not finish within ``timeout`` raises :class:`~metricsync.SyncError`.
 
 Variance stays stable without raw sums of squares: each rank sends
 ``M2 + W (mean - c)^2`` around a common shift ``c`` (the largest rank mean,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["Layout", "sync"]
 
 _MASK62 = (1 << 62) - 1
+_MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
 _F64 = None  # torch.float64, set lazily
 
 # Column groups of one metric in the packed buffers.
@@ -162,6 +165,7 @@ class _Comm:
 
 def sync(metrics: Metrics, group: Any = None, timeout: float | None = None) -> Metrics:
     """Merge ``metrics`` over every rank of ``group``; see the module docstring."""
+    timeout = _check_timeout(timeout)  # bad arguments fail with or without a process group
     try:
         import torch
         import torch.distributed as dist
@@ -169,8 +173,6 @@ def sync(metrics: Metrics, group: Any = None, timeout: float | None = None) -> M
         return metrics.copy()
     if not (dist.is_available() and dist.is_initialized()):
         return metrics.copy()
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if group is not None and dist.get_rank(group) < 0:
         raise ValueError("this rank is not a member of the given process group")
     world = dist.get_world_size(group)
@@ -203,6 +205,54 @@ def sync(metrics: Metrics, group: Any = None, timeout: float | None = None) -> M
     result = _reduce(metrics, layout, comm, ops)
     metrics._sync_cache[("last_collectives", group_key)] = comm.count
     return result
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    """Seconds as a float; None (and timeouts beyond ``timedelta``'s range) wait without a limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    seconds = float(timeout)
+    if not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return seconds if seconds < _MAX_TIMEOUT else None
+
+
+def _rule_conflict(metrics: Metrics, layout: Layout) -> int:
+    """1 + the last layout position whose name this rank's rules give another spec; 0 if none.
+
+    Only names this rank holds no state for can differ (its own names got their
+    spec from its rules); the answer is cached until the rules or names change.
+    """
+    cache = metrics._sync_cache
+    key = (layout.fingerprint, metrics._version)
+    hit = cache.get("rule_check")
+    if hit is not None and hit[0] is metrics._table and hit[1] == key:
+        found: int = hit[2]
+        return found
+    found = 0
+    missing = np.flatnonzero(_slot_index(metrics, layout) == len(metrics._names))
+    for i in missing.tolist():
+        rule = metrics._table.explicit(layout.names[i])
+        if rule is not None and rule != layout.specs[i]:
+            found = i + 1
+    cache["rule_check"] = (metrics._table, key, found)
+    return found
+
+
+def _raise_conflict(metrics: Metrics, layout: Layout, position: int) -> None:
+    name, theirs = layout.names[position], layout.specs[position]
+    mine = metrics._table.explicit(name)
+    if mine is not None and mine != theirs:
+        raise SpecMismatchError(
+            f"metric {name!r} is declared {mine!r} on this rank and {theirs!r} on another rank"
+        )
+    raise SpecMismatchError(
+        f"metric {name!r} is {theirs!r} here and declared differently on another rank"
+    )
 
 
 def _comm_device(dist: Any, group: Any, torch: Any) -> Any:
@@ -334,14 +384,18 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = xp.where(has, cols[st.S] / xp.where(has, w, 1.0), -inf)
         mean = xp.where(xp.isnan(mean), -inf, mean)
-        max_buf = ops.empty(k * _MAX_COLS + 2 * n_agg)
+        max_buf = ops.empty(k * _MAX_COLS + 2 * n_agg + 1)  # + a rule conflict flag
         max_view = max_buf[: k * _MAX_COLS].reshape(_MAX_COLS, k)
         max_view[:3] = cols[st.MAX : st.T + 1]
         max_view[3] = mean
-        max_buf[k * _MAX_COLS :] = agg[:, 2:].reshape(-1)
+        max_buf[k * _MAX_COLS : k * _MAX_COLS + 2 * n_agg] = agg[:, 2:].reshape(-1)
         nan_mm = xp.isnan(max_view[0]) | xp.isnan(max_view[1])
         max_buf[xp.isnan(max_buf)] = -inf
+        max_buf[-1] = float(_rule_conflict(metrics, layout))
         comm.all_reduce(ops.comm(max_buf), comm.dist.ReduceOp.MAX, "the MAX all_reduce")
+        conflict = int(max_buf[-1])
+        if conflict:  # every rank sees the same flag, so every rank raises here
+            _raise_conflict(metrics, layout, conflict - 1)
 
         t_max = max_view[2]
         shift = xp.where(xp.isfinite(max_view[3]), max_view[3], 0.0)
@@ -357,7 +411,8 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
             sketch_parts.append(cells)
         sketch_sizes = [len(cells) for cells in sketch_parts]
         ncols = _SUM_COLS + 1
-        sum_buf = ops.empty(k * ncols + 2 * n_agg + sum(sketch_sizes))
+        agg_nan_at = k * ncols + 2 * n_agg + sum(sketch_sizes)
+        sum_buf = ops.empty(agg_nan_at + n_agg)  # + a NaN flag per aggregate row
         sum_view = sum_buf[: k * ncols].reshape(ncols, k)
         sum_view[0] = w
         sum_view[1] = cols[st.S]
@@ -372,6 +427,9 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         for cells in sketch_parts:
             sum_buf[offset : offset + len(cells)] = cells
             offset += len(cells)
+        # A NaN rank value must win the max/min of an across aggregate (as in merge),
+        # but the MAX all_reduce above saw it as -inf: its flag travels here.
+        sum_buf[agg_nan_at:] = xp.isnan(agg[:, 2]) | xp.isnan(agg[:, 3])
         comm.all_reduce(ops.comm(sum_buf), comm.dist.ReduceOp.SUM, "the SUM all_reduce")
 
         ties = sum_view[5]
@@ -398,8 +456,13 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         rows[st.DROP] = sum_view[2]
         aggs = out[k * st.NCOL :].reshape(n_agg, 4)
         aggs[:, :2] = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
-        aggs[:, 2:] = max_buf[k * _MAX_COLS :].reshape(n_agg, 2)
-    host = ops.to_host(ops.cat([out, sum_buf[k * ncols + 2 * n_agg :]]) if sketch_parts else out)
+        aggs[:, 2:] = xp.where(
+            (sum_buf[agg_nan_at:] > 0)[:, None],
+            float("nan"),
+            max_buf[k * _MAX_COLS : k * _MAX_COLS + 2 * n_agg].reshape(n_agg, 2),
+        )
+    sketches = sum_buf[k * ncols + 2 * n_agg : agg_nan_at]
+    host = ops.to_host(ops.cat([out, sketches]) if sketch_parts else out)
     return _build_result(metrics, layout, host, n_agg, sketch_sizes)
 
 

@@ -73,6 +73,8 @@ def _to_float(key: str, value: object) -> float:
         )
     try:
         return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise ValueError(f"metric {key!r}: {value!r:.40} does not fit in a float64") from None
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(
             f"metric {key!r}: expected a real number, got {type(value).__name__} ({exc})"
@@ -238,7 +240,7 @@ class Tracker:
         """
         if self._closed:
             raise RuntimeError("Tracker.log() called after close()")
-        if isinstance(step, bool):
+        if isinstance(step, bool) or not hasattr(step, "__index__"):
             raise TypeError(f"expected step to be an int, got {step!r}")
         step = operator.index(step)
         if not self.active:
