@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import state as st
+from .across import AGG_IDENTITY, combine, empty_aggregate, merge_aggregates, rank_aggregate
 from .convert import as_torch, host_mask, host_values, host_weights
 from .errors import SpecMismatchError
 from .spec import Spec, SpecTable
@@ -37,8 +38,6 @@ __all__ = ["Metrics", "merge"]
 
 _PENDING_LIMIT = 4096
 _FLOAT64 = np.float64
-# Per-rank aggregate of an ``across`` statistic: sum of rank values, ranks, max, -min.
-_AGG_IDENTITY = np.array([0.0, 0.0, -np.inf, -np.inf])
 
 
 class _StampedBuffer(array):
@@ -286,7 +285,7 @@ class Metrics:
             self._sketch[slot] = np.zeros(_layout(spec).n_cells)
         self._agg.pop(slot, None)
         if spec.across != "exact":
-            self._agg[slot] = np.tile(_AGG_IDENTITY, (len(spec.reduce), 1))
+            self._agg[slot] = empty_aggregate(len(spec.reduce))
 
     def _unshare_layout(self) -> None:
         """Copy the name tables a sync result shares with its cached layout before changing them."""
@@ -454,9 +453,7 @@ class Metrics:
                 if has[slot]:
                     out.update(zip(keys, local[slot, : len(keys)].tolist()))
             else:
-                combined = _combine_across(
-                    spec.across, agg, local[slot, : len(keys)], bool(has[slot])
-                )
+                combined = combine(spec.across, agg, local[slot, : len(keys)], bool(has[slot]))
                 if combined is not None:
                     out.update(zip(keys, combined.tolist()))
             if spec.nan == "ignore":
@@ -511,7 +508,7 @@ class Metrics:
         for cells in self._sketch.values():
             cells[:] = 0.0
         for agg in self._agg.values():
-            agg[:] = _AGG_IDENTITY
+            agg[:] = AGG_IDENTITY
 
     @property
     def names(self) -> list[str]:
@@ -597,9 +594,9 @@ class Metrics:
         if across:
             local = other._local_values([t for _, t in across])
             for i, (m, t) in enumerate(across):
-                agg = _merge_agg(self._agg[m], other._agg[t])
+                agg = merge_aggregates(self._agg[m], other._agg[t])
                 if other._rows[t, st.W] > 0:
-                    agg = _merge_agg(agg, _agg_of(local[i, : len(agg)]))
+                    agg = merge_aggregates(agg, rank_aggregate(local[i, : len(agg)]))
                 self._agg[m] = agg
                 self._rows[m, st.DROP] += other._rows[t, st.DROP]
 
@@ -690,37 +687,3 @@ def _quantile(stat: str) -> float | None:
     from .spec import quantile_of
 
     return quantile_of(stat)
-
-
-def _agg_of(values: np.ndarray) -> np.ndarray:
-    """One rank's statistics as an across-aggregate."""
-    agg = np.empty((len(values), 4))
-    agg[:, 0] = values
-    agg[:, 1] = 1.0
-    agg[:, 2] = values
-    agg[:, 3] = -values
-    return agg
-
-
-def _merge_agg(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    out = a + b
-    out[:, 2:] = np.maximum(a[:, 2:], b[:, 2:])
-    return out
-
-
-def _combine_across(
-    across: str, agg: np.ndarray, local: np.ndarray, has_local: bool
-) -> np.ndarray | None:
-    """The per-rank combination of finished ranks (``agg``) and this rank's own values."""
-    if has_local:
-        agg = _merge_agg(agg, _agg_of(local))
-    ranks = agg[:, 1]
-    if not ranks.any():
-        return None
-    if across == "mean":
-        return agg[:, 0] / np.where(ranks > 0, ranks, 1.0)
-    if across == "sum":
-        return agg[:, 0].copy()
-    if across == "max":
-        return agg[:, 2].copy()
-    return -agg[:, 3]

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import state as st
+from .across import empty_aggregate, merge_aggregates, rank_aggregate
 from .errors import SpecMismatchError, SyncError
 from .spec import Spec
 
@@ -468,8 +469,6 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
 
 def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> list[np.ndarray]:
     """Per across metric, its (stats x 4) aggregate: own finished ranks plus this rank's values."""
-    from .metrics import _AGG_IDENTITY, _agg_of, _merge_agg
-
     parts: list[np.ndarray] = []
     if not layout.across:
         return parts
@@ -477,14 +476,10 @@ def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> li
     for j, i in enumerate(layout.across):
         spec = layout.specs[i]
         slot = metrics._index.get(layout.names[i])
-        base = (
-            metrics._agg[slot]
-            if slot is not None
-            else np.tile(_AGG_IDENTITY, (len(spec.reduce), 1))
-        )
+        base = metrics._agg[slot] if slot is not None else empty_aggregate(len(spec.reduce))
         agg = base.copy()
         if rows[j, st.W] > 0:
-            agg = _merge_agg(agg, _agg_of(local[j, : len(spec.reduce)]))
+            agg = merge_aggregates(agg, rank_aggregate(local[j, : len(spec.reduce)]))
         parts.append(agg)
     return parts
 
