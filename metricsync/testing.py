@@ -17,12 +17,14 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["free_port", "run_distributed"]
+__all__ = ["RankFailure", "free_port", "run_distributed"]
 
 
 def free_port() -> int:
@@ -67,6 +69,20 @@ def _worker(
                 dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class RankFailure:
+    """What a rank left instead of a result: a traceback, or an exit code without a report."""
+
+    rank: int
+    traceback: str | None = None
+    exitcode: int | None = None
+
+    def __str__(self) -> str:
+        if self.traceback is not None:
+            return f"rank {self.rank} failed:\n{self.traceback}"
+        return f"rank {self.rank} exited with code {self.exitcode} without reporting"
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -78,10 +94,11 @@ def run_distributed(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
-    ``fn`` must be importable (a module-level function). With
-    ``allow_failures=True`` a failing rank's entry is its traceback text (a
-    string starting with ``"Traceback"``) instead of failing the call, and a
-    rank that never reports is ``None``.
+    ``fn`` must be importable (a module-level function). A rank that raises,
+    or whose process exits without reporting (noticed at once), fails the
+    call; so does a rank still running ``timeout`` + 30 s after the start. With
+    ``allow_failures=True`` such ranks' entries are :class:`RankFailure`
+    objects instead (``None`` for a rank still running at the deadline).
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -95,27 +112,37 @@ def run_distributed(
         for rank in range(world_size)
     ]
     out: list[Any] = [None] * world_size
-    failures: list[str] = []
+    pending = set(range(world_size))
+    deadline = time.monotonic() + timeout + 30.0
     try:
         for proc in procs:
             proc.start()
-        for _ in range(world_size):
+        while pending and time.monotonic() < deadline:
             try:
-                rank, ok, value = results.get(timeout=timeout + 60.0)
+                rank, ok, value = results.get(timeout=0.2)
             except queue.Empty:
-                failures.append(f"a rank did not report within {timeout + 60.0:.0f} s")
-                break
-            out[rank] = value
-            if not ok:
-                failures.append(f"rank {rank} failed:\n{value}")
+                for rank in sorted(pending):
+                    if procs[rank].exitcode is not None:
+                        time.sleep(0.5)  # its report may still be in the queue's pipe
+                        if rank in pending:
+                            out[rank] = RankFailure(rank, exitcode=procs[rank].exitcode)
+                            pending.discard(rank)
+                continue
+            out[rank] = value if ok else RankFailure(rank, traceback=value)
+            pending.discard(rank)
     finally:
         for proc in procs:
             proc.join(timeout=10.0)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5.0)
-    if failures and not allow_failures:
-        raise AssertionError("\n".join(failures))
+    if not allow_failures:
+        failures = [str(r) for r in out if isinstance(r, RankFailure)]
+        failures += [
+            f"rank {rank} did not finish within {timeout + 30.0:.0f} s" for rank in sorted(pending)
+        ]
+        if failures:
+            raise AssertionError("\n".join(failures))
     return out
 
 

@@ -22,9 +22,9 @@ The scenarios also run through sync's accelerator code path (torch
 operations and device-resident states instead of numpy), on CPU tensors over
 gloo, so the NCCL path's arithmetic is checked on machines without a GPU.
 
-``run_distributed`` waits ``timeout + 60`` s for a rank that never reports,
-so the cases where a rank dies use ``_spawn`` below: the same worker, but a
-rank whose process has exited without reporting is noticed at once.
+Ranks that are meant to die run under ``run_distributed(...,
+allow_failures=True)``, which notices a rank whose process exited without
+reporting at once and gives a ``RankFailure`` for it.
 """
 
 from __future__ import annotations
@@ -32,9 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing as mp
 import os
-import queue
 import time
 from typing import Any
 
@@ -45,54 +43,13 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
-from metricsync.testing import _worker, free_port, run_distributed  # noqa: E402
+from metricsync.testing import RankFailure, run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
 TIMEOUT = 4.0  # seconds each sync may wait for a missing rank
 SLACK = 6.0  # what a SyncError may take beyond TIMEOUT
 N_SCENARIOS = 200
-
-
-def _spawn(fn: Any, world: int, *, args: tuple[Any, ...] = (), limit: float = 60.0) -> list[Any]:
-    """Run ``fn`` on ``world`` gloo ranks; a rank that died without reporting gives ``("died", code)``."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_worker, args=(fn, r, world, port, "gloo", limit, args, results), daemon=True
-        )
-        for r in range(world)
-    ]
-    out: list[Any] = [None] * world
-    pending = set(range(world))
-    deadline = time.monotonic() + limit
-    try:
-        for proc in procs:
-            proc.start()
-        while pending and time.monotonic() < deadline:
-            try:
-                rank, ok, value = results.get(timeout=0.2)
-            except queue.Empty:
-                for rank in sorted(pending):
-                    code = procs[rank].exitcode
-                    if code is not None:
-                        time.sleep(0.5)  # a report may still be in the queue's pipe
-                        if rank in pending:
-                            out[rank] = ("died", code)
-                            pending.discard(rank)
-                continue
-            out[rank] = value if ok else ("failed", value)
-            pending.discard(rank)
-    finally:
-        for proc in procs:
-            proc.join(timeout=3.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5.0)
-    assert not pending, f"ranks {sorted(pending)} neither reported nor exited within {limit} s"
-    return out
 
 
 def _timed_sync(m: ms.Metrics) -> tuple[str, float]:
@@ -142,8 +99,8 @@ def _exit_mid_sync(rank: int, world: int) -> Any:
 
 @pytest.mark.parametrize("fn, world", [(_exit_before_sync, 3), (_exit_mid_sync, 4)])
 def test_a_rank_that_exits_makes_the_others_raise_sync_error(fn: Any, world: int) -> None:
-    results = _spawn(fn, world)
-    dead = [r for r, res in enumerate(results) if isinstance(res, tuple) and res[0] == "died"]
+    results = run_distributed(fn, world, timeout=60, allow_failures=True)
+    dead = [r for r, res in enumerate(results) if isinstance(res, RankFailure) and res.exitcode]
     assert dead == [world - 1 if fn is _exit_before_sync else 1], results
     for rank, res in enumerate(results):
         if rank in dead:
@@ -173,14 +130,15 @@ def _error_ends_a_rank(rank: int, world: int) -> Any:
 
 
 def test_a_rank_that_never_syncs_or_fails_makes_the_others_raise_in_time() -> None:
-    results = _spawn(_never_syncs, 4)
+    results = run_distributed(_never_syncs, 4, timeout=60, allow_failures=True)
     assert results[2] == "absent"
     for rank in (0, 1, 3):
         for outcome, seconds in results[rank]:
             assert outcome == "SyncError" and seconds < TIMEOUT + SLACK, (rank, results[rank])
 
-    results = _spawn(_error_ends_a_rank, 3)
-    assert results[0][0] == "failed" and "ValueError: metric 'kl'" in results[0][1]
+    results = run_distributed(_error_ends_a_rank, 3, timeout=60, allow_failures=True)
+    failure = results[0]
+    assert isinstance(failure, RankFailure) and "ValueError: metric 'kl'" in str(failure.traceback)
     for rank in (1, 2):
         ((outcome, seconds),) = results[rank]
         assert outcome == "SyncError" and seconds < TIMEOUT + SLACK, (rank, results[rank])
