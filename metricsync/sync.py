@@ -50,11 +50,10 @@ __all__ = ["Layout", "sync"]
 
 _MASK62 = (1 << 62) - 1
 _MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
-_F64 = None  # torch.float64, set lazily
 
 # Column groups of one metric in the packed buffers.
 _MAX_COLS = 4  # MAX, NEGMIN, T, local mean (variance shift)
-_SUM_COLS = 6  # W, S, DROP, shifted M2, tied LAST, tied count, (+ NaN flag below)
+_SUM_COLS = 7  # W, S, DROP, shifted M2, tied LAST, tied count, NaN in min/max
 
 
 class Layout:
@@ -272,10 +271,7 @@ def _device_error_flag(metrics: Metrics, device: Any, torch: Any) -> Any:
 
 
 def _raise_error(metrics: Metrics) -> None:
-    try:
-        metrics._fold_devices()  # raises the ValueError naming the metric on the rank that has it
-    except ValueError:
-        raise
+    metrics._fold_devices()  # raises the ValueError naming the metric on the rank that has it
     raise SyncError("metricsync sync: another rank recorded invalid data (see that rank's error)")
 
 
@@ -411,10 +407,9 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
                 cells = ops.zeros((sketch_layout(layout.specs[i].accuracy).n_cells,))
             sketch_parts.append(cells)
         sketch_sizes = [len(cells) for cells in sketch_parts]
-        ncols = _SUM_COLS + 1
-        agg_nan_at = k * ncols + 2 * n_agg + sum(sketch_sizes)
+        agg_nan_at = k * _SUM_COLS + 2 * n_agg + sum(sketch_sizes)
         sum_buf = ops.empty(agg_nan_at + n_agg)  # + a NaN flag per aggregate row
-        sum_view = sum_buf[: k * ncols].reshape(ncols, k)
+        sum_view = sum_buf[: k * _SUM_COLS].reshape(_SUM_COLS, k)
         sum_view[0] = w
         sum_view[1] = cols[st.S]
         sum_view[2] = cols[st.DROP]
@@ -422,7 +417,7 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         sum_view[4] = xp.where(tied, cols[st.LAST], 0.0)
         sum_view[5] = tied
         sum_view[6] = nan_mm
-        offset = k * ncols
+        offset = k * _SUM_COLS
         sum_buf[offset : offset + 2 * n_agg] = agg[:, :2].reshape(-1)
         offset += 2 * n_agg
         for cells in sketch_parts:
@@ -456,13 +451,13 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         rows[st.M2] = xp.where(m2 < 0, 0.0, m2)
         rows[st.DROP] = sum_view[2]
         aggs = out[k * st.NCOL :].reshape(n_agg, 4)
-        aggs[:, :2] = sum_buf[k * ncols : k * ncols + 2 * n_agg].reshape(n_agg, 2)
+        aggs[:, :2] = sum_buf[k * _SUM_COLS : k * _SUM_COLS + 2 * n_agg].reshape(n_agg, 2)
         aggs[:, 2:] = xp.where(
             (sum_buf[agg_nan_at:] > 0)[:, None],
             float("nan"),
             max_buf[k * _MAX_COLS : k * _MAX_COLS + 2 * n_agg].reshape(n_agg, 2),
         )
-    sketches = sum_buf[k * ncols + 2 * n_agg : agg_nan_at]
+    sketches = sum_buf[k * _SUM_COLS + 2 * n_agg : agg_nan_at]
     host = ops.to_host(ops.cat([out, sketches]) if sketch_parts else out)
     return _build_result(metrics, layout, host, n_agg, sketch_sizes)
 
