@@ -250,6 +250,7 @@ def test_an_initialized_process_group_wins_over_the_rank_variable(
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed without an active process group")
     monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # keep gloo on loopback
     assert detect_rank() == 5
     init = (tmp_path / "store").as_uri()
     dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
