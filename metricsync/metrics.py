@@ -346,13 +346,24 @@ class Metrics:
                 w = None if weights is None else weights[lo:hi]
                 self._sketch[slot] += self._ingest(self._specs[slot], values[lo:hi], w)
 
-    def _fold_devices(self) -> None:
-        """Bring device states to the host: one device-to-host copy per device."""
+    def _fold_devices(self, host_only: bool = False) -> None:
+        """Bring device states to the host: one device-to-host copy per device.
+
+        With ``host_only``, only states of tensors that already live in host memory.
+        """
         if not self._dev:
             return
         import torch
 
-        devices, self._dev = self._dev, {}
+        if host_only:
+            from .device import HOST_DEVICE_TYPES
+
+            devices = {d: a for d, a in self._dev.items() if d.type in HOST_DEVICE_TYPES}
+            if not devices:
+                return
+            self._dev = {d: a for d, a in self._dev.items() if d.type not in HOST_DEVICE_TYPES}
+        else:
+            devices, self._dev = self._dev, {}
         errors = []
         for accs in devices.values():
             slots = list(accs)
@@ -514,9 +525,11 @@ class Metrics:
     def names(self) -> list[str]:
         """Names holding at least one sample (recorded or merged), in first-record order.
 
-        Tensor records not yet computed count when they held any element.
+        Accelerator tensor records not yet computed count when they held any
+        element (their masks and weights are not read before ``compute()``).
         """
         self._fold_pending()
+        self._fold_devices(host_only=True)
         n = len(self._names)
         held = self._rows[:n, st.W] > 0
         for slot, agg in self._agg.items():
@@ -529,7 +542,7 @@ class Metrics:
         return len(self.names)
 
     def __contains__(self, name: object) -> bool:
-        return name in set(self.names)
+        return isinstance(name, str) and name in set(self.names)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -558,7 +571,8 @@ class Metrics:
         other._fold()
         table = self._table.copy()
         for key, spec in other._table.rules():
-            table.add(key, spec)
+            if table.rule_for(key) is None:  # a rule both sides have: ours; names are checked below
+                table.add(key, spec)
         respec = self._check_rules(table)
         respec_slots = {slot for slot, _ in respec}
         for slot, name in enumerate(other._names):

@@ -257,6 +257,8 @@ class SpecTable:
     def explicit(self, name: str) -> Spec | None:
         """The spec a rule gives ``name``, or None where only the default applies."""
         spec = self._exact.get(name)
+        if spec is None:  # a declared name such as "acc[top1]" is stored as a glob: itself first
+            spec = self._globs.get(name)
         if spec is not None:
             return spec
         for pattern, glob_spec in self._ordered_globs:

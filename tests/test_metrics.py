@@ -633,3 +633,26 @@ def test_empty_tensor_is_not_a_name_before_compute() -> None:
     m.record("a", torch.tensor([]))
     m.record("b", torch.ones(0, 3, device="meta"))
     assert m.names == [] and len(m) == 0 and "a" not in m
+
+
+def test_merge_ignores_a_rule_clash_no_name_uses() -> None:
+    a = ms.Metrics({"timing/*": ms.Spec("max")})
+    a.record("loss", 0.0)
+    b = ms.Metrics({"timing/*": ms.Spec("sum")})
+    b.record("loss", 1.0)
+    assert ms.merge([a, b]).compute() == {"loss": 0.5}
+    b.record("timing/step", 2.0)  # now a name resolves differently on the two sides
+    with pytest.raises(ms.SpecMismatchError, match="timing/step"):
+        ms.merge([a, b])
+
+
+def test_a_fully_masked_cpu_tensor_holds_no_sample() -> None:
+    import torch
+
+    m = ms.Metrics()
+    m.record("f", torch.tensor([1.0, 2.0]), mask=torch.tensor([False, False]))
+    m.record("g", np.array([1.0, 2.0]), mask=np.array([False, False]))
+    assert (m.names, len(m), "f" in m, "g" in m) == ([], 0, False, False)
+    m.record("f", torch.tensor([5.0]))
+    assert m.names == ["f"] and m.compute() == {"f": 5.0}
+    assert ["f"] not in m  # an unhashable name is simply not held

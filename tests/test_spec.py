@@ -315,3 +315,16 @@ def test_accuracy_without_a_sketch_never_makes_specs_differ() -> None:
     assert ms.Spec("mean", accuracy=0.05) == ms.Spec("mean")
     assert ms.Spec(("p0", "p100"), accuracy=0.05) == ms.Spec(("p0", "p100"))
     assert ms.Spec("p50", accuracy=0.02) != ms.Spec("p50")
+
+
+def test_a_declared_name_with_brackets_gets_its_own_spec() -> None:
+    m = ms.Metrics({"acc[top1]": ms.Spec("max")})
+    m.record("acc[top1]", 1.0)
+    m.record("acc[top1]", 3.0)
+    m.define("reward[0]", ms.Spec("sum"))
+    m.record("reward[0]", 2.0)
+    m.record("reward[0]", 2.0)
+    assert m.spec("acc[top1]") == ms.Spec("max")
+    assert m.compute() == {"acc[top1]": 3.0, "reward[0]": 4.0}
+    # as a pattern it still matches other names
+    assert m.spec("acct") == ms.Spec("max")
