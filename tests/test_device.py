@@ -71,8 +71,10 @@ def test_recording_never_reads_the_tensor() -> None:
     m = ms.Metrics(SPECS)
     with no_host_reads() as attempts:
         _record_everything(m, "cpu")
-        assert set(m.names) == set(SPECS)
     assert attempts == []
+    # CPU states are host memory: names may fold them (the meta test below shows
+    # that names reads nothing from an accelerator)
+    assert set(m.names) == set(SPECS)
     assert m.compute()["ent/count"] > 0
 
 
