@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from . import state as st
-from .across import AGG_IDENTITY, combine, empty_aggregate, merge_aggregates, rank_aggregate
+from .across import AGG_IDENTITY, empty_aggregate, merge_aggregates, rank_aggregate
 from .convert import as_torch, host_mask, host_values, host_weights
 from .errors import SpecMismatchError
+from .results import assemble, local_values
 from .spec import Spec, SpecTable
 
 __all__ = ["Metrics", "merge"]
@@ -415,63 +416,13 @@ class Metrics:
 
     def _local_values(self, slots: list[int]) -> np.ndarray:
         """Each slot's own statistics (its local rank), NaN where it holds no samples."""
-        n = len(slots)
-        width = max((len(self._specs[s].reduce) for s in slots), default=0)
-        out = np.full((n, width), np.nan)
-        if n == 0:
-            return out
-        rows = self._rows[slots]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            plain = st.compute_plain(rows, np)
-        for i, slot in enumerate(slots):
-            spec = self._specs[slot]
-            for j, stat in enumerate(spec.reduce):
-                if stat in plain:
-                    out[i, j] = plain[stat][i]
-            if spec.quantiles and rows[i, st.W] > 0:
-                qs = [_quantile(stat) for stat in spec.reduce]
-                qvals = self._quantiles(slot, [q for q in qs if q is not None], rows[i])
-                it = iter(qvals)
-                for j, q in enumerate(qs):
-                    if q is not None:
-                        out[i, j] = next(it)
-        return out
-
-    def _quantiles(self, slot: int, qs: list[float], row: np.ndarray) -> list[float]:
-        vmin, vmax = -row[st.NEGMIN], row[st.MAX]
-        cells = self._sketch.get(slot)
-        if cells is None:  # only p0 / p100
-            return [vmin if q == 0.0 else vmax for q in qs]
-        from .sketch import query
-
-        result = query(
-            _layout(self._specs[slot]), cells[None, :], qs, np.array([vmin]), np.array([vmax])
-        )
-        return [float(v) for v in result[0]]
+        specs = [self._specs[s] for s in slots]
+        return local_values(specs, self._rows[slots], [self._sketch.get(s) for s in slots])
 
     def _values(self) -> dict[str, float]:
         n = len(self._names)
-        slots = list(range(n))
-        local = self._local_values(slots)
-        has = self._rows[:n, st.W] > 0
-        out: dict[str, float] = {}
-        for slot in slots:
-            spec = self._specs[slot]
-            name = self._names[slot]
-            keys = spec.output_keys(name)
-            agg = self._agg.get(slot)
-            if agg is None:
-                if has[slot]:
-                    out.update(zip(keys, local[slot, : len(keys)].tolist()))
-            else:
-                combined = combine(spec.across, agg, local[slot, : len(keys)], bool(has[slot]))
-                if combined is not None:
-                    out.update(zip(keys, combined.tolist()))
-            if spec.nan == "ignore":
-                dropped = self._rows[slot, st.DROP]
-                if dropped > 0 or keys[0] in out:
-                    out[f"{name}/nan_dropped"] = float(dropped)
-        return out
+        local = self._local_values(list(range(n)))
+        return assemble(self._names, self._specs, self._rows[:n], local, self._agg)
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
@@ -695,9 +646,3 @@ def _layout(spec: Spec) -> Any:
     from .sketch import sketch_layout
 
     return sketch_layout(spec.accuracy)
-
-
-def _quantile(stat: str) -> float | None:
-    from .spec import quantile_of
-
-    return quantile_of(stat)

@@ -41,6 +41,7 @@ import numpy as np
 from . import state as st
 from .across import empty_aggregate, merge_aggregates, rank_aggregate
 from .errors import SpecMismatchError, SyncError
+from .results import local_values
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -467,7 +468,10 @@ def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> li
     parts: list[np.ndarray] = []
     if not layout.across:
         return parts
-    local = _scratch(metrics, layout, rows)._local_values(list(range(len(layout.across))))
+    specs = [layout.specs[i] for i in layout.across]
+    local = local_values(
+        specs, rows, [_host_sketch(metrics, layout.names[i]) for i in layout.across]
+    )
     for j, i in enumerate(layout.across):
         spec = layout.specs[i]
         slot = metrics._index.get(layout.names[i])
@@ -479,23 +483,17 @@ def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> li
     return parts
 
 
-def _scratch(metrics: Metrics, layout: Layout, rows: np.ndarray) -> Metrics:
-    """A throwaway Metrics holding this rank's rows of the across metrics (to compute local values)."""
-    from .metrics import Metrics
-
-    scratch = Metrics()
-    for j, i in enumerate(layout.across):
-        name, spec = layout.names[i], layout.specs[i]
-        scratch._slot(name, spec)
-        scratch._rows[j] = rows[j]
-        slot = metrics._index.get(name)
-        if spec.needs_sketch and slot is not None:
-            scratch._sketch[j] = metrics._sketch[slot].copy()
-            for accs in metrics._dev.values():
-                acc = accs.get(slot)
-                if acc is not None and acc.sketch is not None:
-                    scratch._sketch[j] += acc.sketch.cpu().numpy()
-    return scratch
+def _host_sketch(metrics: Metrics, name: str) -> np.ndarray | None:
+    """This rank's sketch cells of ``name`` on the host, device parts included (None if none)."""
+    slot = metrics._index.get(name)
+    if slot is None or slot not in metrics._sketch:
+        return None
+    cells = metrics._sketch[slot].copy()
+    for accs in metrics._dev.values():
+        acc = accs.get(slot)
+        if acc is not None and acc.sketch is not None:
+            cells += acc.sketch.cpu().numpy()
+    return cells
 
 
 def _build_result(
