@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import metricsync as ms
+from metricsync.testing import format_example
 
 HEAD = struct.Struct("<4sHHIQ")
 FAMILIES = ("random", "truncated", "mutated", "mutated+crc", "structured+crc")
@@ -68,27 +69,7 @@ HOSTILE_FLOATS = [
 
 def seed_blobs() -> list[bytes]:
     """Valid blobs covering every part of the format (rules, quantiles, across, NaN drops)."""
-    import torch
-
-    rich = ms.Metrics(
-        {
-            "lr": ms.Spec("last", fmt=".2e"),
-            "timing/*": ms.Spec("max", fmt=".3f"),
-            "len": ms.Spec(("mean", "max", "p50", "p99")),
-            "pg": ms.Spec("sum", across="mean"),
-            "ent": ms.Spec(("mean", "std"), nan="ignore"),
-            "declared/only": ms.Spec("min"),
-        }
-    )
-    rich.record("lr", 3e-4)
-    rich.record("timing/step", 1.25)
-    rich.record("len", np.arange(1.0, 101.0))
-    rich.record("pg", 2.0)
-    rich.record("ent", torch.tensor([0.5, float("nan"), 1.5]))
-    rich.record("plain", [1.0, 2.0])
-    other = ms.Metrics({"pg": ms.Spec("sum", across="mean")})
-    other.record("pg", 4.0)
-    rich.merge(other)
+    rich = format_example()
 
     small = ms.Metrics({"x": ms.Spec(("mean", "max", "count"))})
     small.record("x", [1.0, 2.0], weight=[1.0, 3.0])

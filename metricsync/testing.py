@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["RankFailure", "free_port", "run_distributed"]
+__all__ = ["RankFailure", "format_example", "free_port", "run_distributed"]
 
 
 def free_port() -> int:
@@ -144,6 +144,43 @@ def run_distributed(
         if failures:
             raise AssertionError("\n".join(failures))
     return out
+
+
+def format_example() -> Any:
+    """A ``Metrics`` that uses every part of the binary format, for codec tests and fuzzing.
+
+    Glob and declared-only rules, a ``last`` with a format, quantiles, an
+    ``across`` metric merged from another rank, NaN dropped under
+    ``nan="ignore"`` from a torch tensor, and a name without a spec.
+
+    >>> sorted(format_example().compute())[:3]
+    ['ent/mean', 'ent/nan_dropped', 'ent/std']
+    """
+    import numpy as np
+    import torch
+
+    import metricsync as ms
+
+    m = ms.Metrics(
+        {
+            "lr": ms.Spec("last", fmt=".2e"),
+            "timing/*": ms.Spec("max", fmt=".3f"),
+            "len": ms.Spec(("mean", "max", "p50", "p99")),
+            "pg": ms.Spec("sum", across="mean"),
+            "ent": ms.Spec(("mean", "std"), nan="ignore"),
+            "declared/only": ms.Spec("min"),
+        }
+    )
+    m.record("lr", 3e-4)
+    m.record("timing/step", 1.25)
+    m.record("len", np.arange(1.0, 101.0))
+    m.record("pg", 2.0)
+    m.record("ent", torch.tensor([0.5, float("nan"), 1.5]))
+    m.record("plain", 1.0)
+    m.record("plain", 2.0)
+    other = ms.Metrics({"pg": ms.Spec("sum", across="mean")})
+    other.record("pg", 4.0)
+    return m.merge(other)
 
 
 def _doctest_rank(rank: int, world_size: int) -> int:

@@ -10,35 +10,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import metricsync as ms
 from metricsync import codec
+from metricsync.testing import format_example
 
 HEAD = struct.Struct("<4sHHIQ")
 
 
 def _rich() -> ms.Metrics:
-    m = ms.Metrics(
-        {
-            "lr": ms.Spec("last", fmt=".2e"),
-            "timing/*": ms.Spec("max", fmt=".3f"),
-            "len": ms.Spec(("mean", "max", "p50", "p99")),
-            "pg": ms.Spec("sum", across="mean"),
-            "ent": ms.Spec(("mean", "std"), nan="ignore"),
-            "declared/only": ms.Spec("min"),
-        }
-    )
-    m.record("lr", 3e-4)
-    m.record("timing/step", 1.25)
-    m.record("len", np.arange(1.0, 101.0))
-    m.record("pg", 2.0)
-    m.record("ent", torch.tensor([0.5, float("nan"), 1.5]))
-    m.record("plain", 1.0)
-    m.record("plain", 2.0)
-    other = ms.Metrics({"pg": ms.Spec("sum", across="mean")})
-    other.record("pg", 4.0)
-    return m.merge(other)
+    result: ms.Metrics = format_example()
+    return result
 
 
 def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
