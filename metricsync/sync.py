@@ -367,7 +367,7 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
     table = _local_table(metrics, layout, ops)
 
     # Per-rank results of `across` metrics become aggregate rows; their local rows travel as empty.
-    agg_parts = _across_aggregates(metrics, layout, ops.to_host(table[layout.across]))
+    agg_parts = _across_aggregates(metrics, layout, ops.to_host(table[layout.across]), ops)
     if layout.across:
         drop = table[:, st.DROP] + 0.0
         table = xp.where(ops.asarray(layout.exact)[:, None], table, ops.asarray(st.IDENTITY))
@@ -463,14 +463,16 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
     return _build_result(metrics, layout, host, n_agg, sketch_sizes)
 
 
-def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> list[np.ndarray]:
+def _across_aggregates(
+    metrics: Metrics, layout: Layout, rows: np.ndarray, ops: _Ops
+) -> list[np.ndarray]:
     """Per across metric, its (stats x 4) aggregate: own finished ranks plus this rank's values."""
     parts: list[np.ndarray] = []
     if not layout.across:
         return parts
     specs = [layout.specs[i] for i in layout.across]
     local = local_values(
-        specs, rows, [_host_sketch(metrics, layout.names[i]) for i in layout.across]
+        specs, rows, [_across_sketch(metrics, layout, i, ops) for i in layout.across]
     )
     for j, i in enumerate(layout.across):
         spec = layout.specs[i]
@@ -483,17 +485,12 @@ def _across_aggregates(metrics: Metrics, layout: Layout, rows: np.ndarray) -> li
     return parts
 
 
-def _host_sketch(metrics: Metrics, name: str) -> np.ndarray | None:
-    """This rank's sketch cells of ``name`` on the host, device parts included (None if none)."""
-    slot = metrics._index.get(name)
-    if slot is None or slot not in metrics._sketch:
+def _across_sketch(metrics: Metrics, layout: Layout, i: int, ops: _Ops) -> np.ndarray | None:
+    """This rank's sketch cells of across metric ``i`` on the host, or None without one."""
+    if not layout.specs[i].needs_sketch:
         return None
-    cells = metrics._sketch[slot].copy()
-    for accs in metrics._dev.values():
-        acc = accs.get(slot)
-        if acc is not None and acc.sketch is not None:
-            cells += acc.sketch.cpu().numpy()
-    return cells
+    cells = _local_sketch(metrics, layout.names[i], ops)
+    return None if cells is None else ops.to_host(cells)
 
 
 def _build_result(
