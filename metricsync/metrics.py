@@ -21,9 +21,9 @@ Torch tensors accumulate on their own device (:mod:`metricsync.device`).
 from __future__ import annotations
 
 import fnmatch
-import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -169,42 +169,30 @@ class Metrics:
             raise TypeError(
                 f"update() takes a mapping of metric names to values, got {type(values).__name__}"
             )
-        items = list(values.items())
-        for name, value in items:
-            self._check_value(name, value)
-        for name, value in items:
-            self.record(name, value)
-
-    def _check_value(self, name: Any, value: Any) -> None:
-        """Raise what ``record(name, value)`` raises for bad input, without recording."""
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
-        cls = value.__class__
-        if cls is float or cls is _FLOAT64:
-            finite = math.isfinite(value)
-        else:
-            tensor = as_torch(value)
-            if tensor is not None:
-                if tensor.is_complex():
-                    raise TypeError(
-                        f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}"
-                    )
-                if self.spec(name).nan == "error":
-                    from .device import check_on_host
-
-                    check_on_host(name, self.spec(name), tensor, None)
-                return
-            finite = bool(np.isfinite(host_values(name, value)).all())
-        if not finite and self.spec(name).nan == "error":
-            raise ValueError(f"metric {name!r}: non-finite sample under nan='error'")
+        pending: list[Callable[[], None]] = []
+        for name, value in values.items():
+            cls = value.__class__
+            if (cls is float or cls is _FLOAT64) and isinstance(name, str) and name in self._fast:
+                pending.append(partial(self.record, name, value))  # the fast path cannot fail
+            else:
+                pending.append(self._prepare(name, value, None, None))
+        for apply in pending:
+            apply()
 
     def _record_slow(self, name: str, value: Any, weight: Any, mask: Any) -> None:
+        self._prepare(name, value, weight, mask)()
+
+    def _prepare(self, name: Any, value: Any, weight: Any, mask: Any) -> Callable[[], None]:
+        """Check and convert one record; the function returned applies it.
+
+        Everything that can be wrong with the input raises here, naming the
+        metric, so applying cannot fail on it.
+        """
         if not isinstance(name, str) or not name:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
         tensor = as_torch(value)
         if tensor is not None:
-            self._record_tensor(name, tensor, weight, mask)
-            return
+            return self._prepare_tensor(name, tensor, weight, mask)
         spec = self.spec(name)
         values = host_values(name, value)
         shape = np.shape(value)
@@ -213,15 +201,21 @@ class Metrics:
             m = host_mask(name, mask, shape)
             w = m if w is None else w * m
         drops = 0.0
-        nonfinite = ~np.isfinite(values)
-        if spec.nan != "propagate" and nonfinite.any():
-            bad = nonfinite if w is None else nonfinite & (w > 0)
-            if spec.nan == "error" and bad.any():
-                raise ValueError(
-                    f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
-                )
-            drops = float(bad.sum())
-            w = np.where(nonfinite, 0.0, 1.0 if w is None else w)
+        if spec.nan != "propagate":
+            nonfinite = ~np.isfinite(values)
+            if nonfinite.any():
+                bad = nonfinite if w is None else nonfinite & (w > 0)
+                if spec.nan == "error" and bad.any():
+                    raise ValueError(
+                        f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
+                    )
+                drops = float(bad.sum())
+                w = np.where(nonfinite, 0.0, 1.0 if w is None else w)
+        return partial(self._apply_host, name, spec, values, w, drops)
+
+    def _apply_host(
+        self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None, drops: float
+    ) -> None:
         self._fold_pending()
         slot = self._slot(name, spec)
         if spec.nan != "error" and name not in self._fast:
@@ -235,14 +229,19 @@ class Metrics:
         if slot in self._sketch:
             self._sketch[slot] += self._ingest(spec, values, w)
 
-    def _record_tensor(self, name: str, tensor: Any, weight: Any, mask: Any) -> None:
-        from .device import DeviceAccumulator, check_on_host, torch_weights
+    def _prepare_tensor(self, name: str, tensor: Any, weight: Any, mask: Any) -> Callable[[], None]:
+        from .device import check_on_host, torch_weights
 
         if tensor.is_complex():
             raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}")
         spec = self.spec(name)
         w = torch_weights(name, tensor, weight, mask)
         check_on_host(name, spec, tensor, w)  # CPU tensors are host data: checked now
+        return partial(self._apply_tensor, name, spec, tensor, w)
+
+    def _apply_tensor(self, name: str, spec: Spec, tensor: Any, w: Any) -> None:
+        from .device import DeviceAccumulator
+
         self._fold_pending()
         slot = self._slot(name, spec)
         if tensor.numel() == 0:  # no samples (and no accumulator that `names` would count)
