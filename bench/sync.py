@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from metricsync.benchmark import format_rows, run
+from metricsync._benchmark import format_rows, run
 
 
 def main() -> None:

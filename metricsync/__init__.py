@@ -12,11 +12,11 @@ collectives, log anywhere.
 
 from __future__ import annotations
 
-from .collect import collect
-from .errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
-from .metrics import Metrics, merge
-from .spec import Spec
-from .tracker import Tracker
+from ._collect import collect
+from ._errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
+from ._metrics import Metrics, merge
+from ._spec import Spec
+from ._tracker import Tracker
 
 __all__ = [
     "CodecError",
@@ -30,3 +30,7 @@ __all__ = [
     "merge",
 ]
 __version__ = "0.1.0"
+
+for _public in (CodecError, Metrics, MetricsyncError, Spec, SpecMismatchError, SyncError, Tracker):
+    _public.__module__ = __name__  # tracebacks and reprs show metricsync.X, the public path
+del _public

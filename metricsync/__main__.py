@@ -1,10 +1,10 @@
-"""``python -m metricsync``: the same program as the ``metricsync`` command (see :mod:`metricsync.cli`)."""
+"""``python -m metricsync``: the same program as the ``metricsync`` command (see :mod:`metricsync._cli`)."""
 
 from __future__ import annotations
 
 import sys
 
-from .cli import main
+from ._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -78,8 +78,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from .metrics import Metrics, merge
-from .spec import Spec, SpecTable
+from ._metrics import Metrics, merge
+from ._spec import Spec, SpecTable
 
 __all__ = ["AggregationType", "Metric", "reduce_metrics"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from metricsync.logfile import read_jsonl
-from metricsync.tracker import Tracker
+from metricsync._logfile import read_jsonl
+from metricsync._tracker import Tracker
 
 STEPS = [
     (1, {"loss": 0.5, "actor/lr": 3e-4, "grad_norm": math.nan}),

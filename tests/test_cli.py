@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from metricsync.tracker import Tracker
+from metricsync._tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 

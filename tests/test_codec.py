@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync import codec
+from metricsync import _codec as codec
 from metricsync.testing import format_example
 
 HEAD = struct.Struct("<4sHHIQ")

@@ -32,12 +32,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import state
+from metricsync import _state as state
 
 PLAIN = ("mean", "sum", "count", "min", "max", "last", "std", "var")
 QUANTILES = ("p0", "p50", "p90", "p99", "p100")
-HAS_SKETCH = importlib.util.find_spec("metricsync.sketch") is not None
-needs_sketch = pytest.mark.skipif(not HAS_SKETCH, reason="metricsync.sketch not written yet")
+HAS_SKETCH = importlib.util.find_spec("metricsync._sketch") is not None
+needs_sketch = pytest.mark.skipif(not HAS_SKETCH, reason="metricsync._sketch not written yet")
 
 SETTINGS = settings(  # METRICSYNC_EXAMPLES=2000 for a deeper search
     max_examples=int(os.environ.get("METRICSYNC_EXAMPLES", "60")),

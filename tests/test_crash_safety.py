@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 import metricsync as ms
-from metricsync.backends.jsonl import JsonlBackend
-from metricsync.logfile import read_jsonl
+from metricsync._logfile import read_jsonl
+from metricsync.backends._jsonl import JsonlBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}

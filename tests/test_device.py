@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metricsync as ms
-from metricsync import device as device_mod
+from metricsync import _device as device_mod
 
 READS = ("item", "cpu", "tolist", "numpy")
 SPECS = {

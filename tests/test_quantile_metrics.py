@@ -10,7 +10,7 @@ import torch
 
 import metricsync as ms
 
-pytest.importorskip("metricsync.sketch")
+pytest.importorskip("metricsync._sketch")
 
 QS = ("p0", "p1", "p10", "p50", "p90", "p99", "p99.9", "p100")
 

@@ -1,4 +1,4 @@
-"""Tests of metricsync.sketch against independent oracles: numpy sorting, a
+"""Tests of metricsync._sketch against independent oracles: numpy sorting, a
 brute-force weighted quantile, the ddsketch package, and exact cell counts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metricsync.sketch import (
+from metricsync._sketch import (
     MAX_BYTES,
     MAX_MAGNITUDE,
     MIN_MAGNITUDE,

@@ -79,12 +79,12 @@ FORBIDDEN_ATTRS = {
 #: The documented uses, all in the benchmark, which times and sizes the pickled
 #: ``all_gather_object`` baseline that metricsync replaces, on data it generates itself.
 ALLOWED = {
-    ("benchmark.py", "pickle.dumps"),
-    ("benchmark.py", "torch.distributed.all_gather_object"),
-    ("benchmark.py", ".all_gather_object"),
+    ("_benchmark.py", "pickle.dumps"),
+    ("_benchmark.py", "torch.distributed.all_gather_object"),
+    ("_benchmark.py", ".all_gather_object"),
 }
 #: Classes whose pickling is defined by the package (checked on the pickle stream below).
-REDUCERS = {("metrics.py", "Metrics"), ("spec.py", "Spec"), ("verl_compat.py", "Metric")}
+REDUCERS = {("_metrics.py", "Metrics"), ("_spec.py", "Spec"), ("verl_compat.py", "Metric")}
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -147,7 +147,7 @@ def _modules() -> list[Path]:
 
 def test_the_scan_covers_the_whole_package() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in _modules()}
-    assert {"codec.py", "sync.py", "metrics.py", "backends/jsonl.py", "cli.py"} <= names
+    assert {"_codec.py", "_sync.py", "_metrics.py", "backends/_jsonl.py", "_cli.py"} <= names
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(PACKAGE).as_posix())
@@ -198,8 +198,8 @@ def test_pickles_of_package_objects_hold_only_the_binary_format() -> None:
     m = ms.Metrics({"lr": ms.Spec("last")})
     m.record("lr", 3e-4)
     cases = {
-        "metricsync.metrics._from_bytes": m,
-        "metricsync.spec._spec_from_json": ms.Spec(("mean", "p99"), fmt=".3f"),
+        "metricsync._metrics._from_bytes": m,
+        "metricsync._spec._spec_from_json": ms.Spec(("mean", "p99"), fmt=".3f"),
         "metricsync.verl_compat._rebuild": Metric("max", 2.0),
     }
     for reconstructor, obj in cases.items():

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 import metricsync as ms
-from metricsync.spec import SpecTable, quantile_of
+from metricsync._spec import SpecTable, quantile_of
 
 # ------------------------------------------------------------------ values
 

@@ -1,4 +1,4 @@
-"""Tests of metricsync.tracker, the console and JSONL backends, and metricsync.logfile."""
+"""Tests of metricsync._tracker, the console and JSONL backends, and metricsync._logfile."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from metricsync.logfile import read_jsonl
-from metricsync.tracker import Tracker, detect_rank
+from metricsync._logfile import read_jsonl
+from metricsync._tracker import Tracker, detect_rank
 
 
 def _strict_lines(path: Path) -> list[dict]:
@@ -362,7 +362,7 @@ def test_a_sigkill_leaves_every_earlier_step_readable(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        from metricsync.tracker import Tracker
+        from metricsync._tracker import Tracker
         tracker = Tracker(run_dir={str(tmp_path)!r})
         step = 0
         while True:

@@ -280,7 +280,7 @@ def test_pickle_goes_through_the_binary_format() -> None:
 
 
 def test_sync_without_process_group_is_a_copy() -> None:
-    pytest.importorskip("metricsync.sync")
+    pytest.importorskip("metricsync._sync")
     m = Metric("sum", [1.0, 2.0])
     copy = m.sync()
     m.append(10.0)
@@ -300,7 +300,7 @@ def _sync_rank(rank: int, world_size: int) -> dict[str, float]:
 
 @pytest.mark.distributed
 def test_sync_over_gloo_equals_aggregate_dp() -> None:
-    pytest.importorskip("metricsync.sync")
+    pytest.importorskip("metricsync._sync")
     testing = pytest.importorskip("metricsync.testing")
     results = testing.run_distributed(_sync_rank, world_size=3, timeout=60.0)
     flat = [v for values in MICRO_BATCHES for v in values]

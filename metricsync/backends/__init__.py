@@ -1,7 +1,7 @@
 """Logging backends: a tiny protocol, the built-in implementations and their factory.
 
 A backend is anything with ``log(values, step, formats)`` and ``close()``
-(:class:`Backend`); the :class:`~metricsync.tracker.Tracker` fans every step
+(:class:`Backend`); the :class:`~metricsync._tracker.Tracker` fans every step
 out to its backends. Built-in backends are chosen by name; each imports its
 optional package only when constructed, and a missing package raises
 ``ImportError`` naming the pip extra to install.
@@ -43,7 +43,7 @@ __all__ = ["BACKEND_OPTIONS", "Backend", "create_backend", "missing_package"]
 
 @runtime_checkable
 class Backend(Protocol):
-    """What a :class:`~metricsync.tracker.Tracker` needs from a backend.
+    """What a :class:`~metricsync._tracker.Tracker` needs from a backend.
 
     ``values`` maps metric keys to Python floats (NaN and infinities
     included); ``formats`` maps the same keys to their format spec or None.
@@ -108,21 +108,21 @@ def create_backend(
     mine = {k: v for k, v in (options or {}).items() if k in BACKEND_OPTIONS[name]}
     directory = Path(run_dir)
     if name == "console":
-        from .console import ConsoleBackend
+        from ._console import ConsoleBackend
 
         return ConsoleBackend(keys=console_keys)
     if name == "jsonl":
-        from .jsonl import JsonlBackend
+        from ._jsonl import JsonlBackend
 
         return JsonlBackend(directory, **mine)
     if name == "tensorboard":
-        from .tensorboard import TensorBoardBackend
+        from ._tensorboard import TensorBoardBackend
 
         return TensorBoardBackend(directory, **mine)
     if name == "wandb":
-        from .wandb import WandbBackend
+        from ._wandb import WandbBackend
 
         return WandbBackend(directory, **mine)
-    from .mlflow import MlflowBackend
+    from ._mlflow import MlflowBackend
 
     return MlflowBackend(directory, **mine)

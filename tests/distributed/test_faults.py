@@ -78,13 +78,13 @@ def _exit_before_sync(rank: int, world: int) -> Any:
 
 
 def _exit_mid_sync(rank: int, world: int) -> Any:
-    import metricsync.sync
+    import metricsync._sync
 
     m = ms.Metrics({"q": ms.Spec(("p50", "mean"))})
     m.record("q", np.arange(100.0) * (rank + 1))
     m.sync(timeout=TIMEOUT)
     if rank == 1:  # dies after the layout check, before the SUM all-reduce
-        original = metricsync.sync._Comm.all_reduce
+        original = metricsync._sync._Comm.all_reduce
         calls = []
 
         def dying(self: Any, tensor: Any, op: Any, what: str) -> Any:
@@ -93,7 +93,7 @@ def _exit_mid_sync(rank: int, world: int) -> Any:
                 os._exit(4)
             return original(self, tensor, op, what)
 
-        metricsync.sync._Comm.all_reduce = dying  # type: ignore[method-assign]
+        metricsync._sync._Comm.all_reduce = dying  # type: ignore[method-assign]
     return [_timed_sync(m)]
 
 
@@ -148,7 +148,7 @@ def test_a_rank_that_never_syncs_or_fails_makes_the_others_raise_in_time() -> No
 
 
 def _nan_and_conflicts(rank: int, world: int) -> list[str]:
-    import metricsync.device
+    import metricsync._device
 
     done = []
     finite = [1.0 + rank, 2.0 * rank]
@@ -179,7 +179,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
     done.append("nan policies")
 
     # a device record under nan="error" fails at sync: on its rank ValueError, elsewhere SyncError
-    metricsync.device.HOST_DEVICE_TYPES = frozenset()  # treat CPU tensors as accelerator ones
+    metricsync._device.HOST_DEVICE_TYPES = frozenset()  # treat CPU tensors as accelerator ones
     try:
         d = ms.Metrics(specs)
         d.record("e", torch.tensor([1.0, math.nan] if rank == 1 else [1.0]))
@@ -187,7 +187,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
         with pytest.raises(expected, match="'e'" if rank == 1 else "another rank"):
             d.sync(timeout=30)
     finally:
-        metricsync.device.HOST_DEVICE_TYPES = frozenset({"cpu"})
+        metricsync._device.HOST_DEVICE_TYPES = frozenset({"cpu"})
     done.append("device error")
 
     conflicts = {
@@ -410,15 +410,15 @@ def _scenarios(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
 
 def _scenarios_on_torch_ops(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
     """The scenarios through sync's accelerator path (torch ops, device states), on CPU."""
-    import metricsync.sync
+    import metricsync._sync
 
-    original = metricsync.sync._Ops.__init__
+    original = metricsync._sync._Ops.__init__
 
     def torch_ops(self: Any, torch_module: Any, device: Any) -> None:
         original(self, torch_module, device)
         self.host, self.xp = False, torch_module
 
-    metricsync.sync._Ops.__init__ = torch_ops  # type: ignore[method-assign]
+    metricsync._sync._Ops.__init__ = torch_ops  # type: ignore[method-assign]
     return _scenarios(rank, world, count, seed0)
 
 

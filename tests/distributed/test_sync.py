@@ -258,11 +258,11 @@ def test_missing_rank_raises_sync_error_within_timeout() -> None:
 
 
 def _bad_device_record(rank: int, world: int) -> str:
-    import metricsync.device
+    import metricsync._device
 
     # CPU tensors are host data and are checked at record; pretend this one is a GPU
     # tensor so its check is deferred to the sync, as it is for accelerator tensors.
-    metricsync.device.HOST_DEVICE_TYPES = ()
+    metricsync._device.HOST_DEVICE_TYPES = ()
     m = ms.Metrics()
     m.record("ok", 1.0)
     if rank == 1:

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import state
-from metricsync.sketch import sketch_layout
+from metricsync import _state as state
+from metricsync._sketch import sketch_layout
 
 HEAD = struct.Struct("<4sHHIQ")
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

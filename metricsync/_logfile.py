@@ -179,7 +179,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> tuple[Formats, Steps]:
     file raises ``FileNotFoundError``. ``path`` may also be a run directory.
 
     >>> import tempfile
-    >>> from metricsync.tracker import Tracker
+    >>> from metricsync._tracker import Tracker
     >>> run_dir = tempfile.mkdtemp()
     >>> with Tracker(run_dir=run_dir) as tracker:
     ...     tracker.log({"loss": float("nan")}, step=1)

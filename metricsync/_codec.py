@@ -32,7 +32,7 @@ ignored.
 >>> ms.Metrics.from_bytes(b"MSYN")
 Traceback (most recent call last):
 ...
-metricsync.errors.CodecError: truncated: 4 bytes, a metricsync blob has at least 24
+metricsync.CodecError: truncated: 4 bytes, a metricsync blob has at least 24
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import state as st
-from .errors import CodecError, MetricsyncError
-from .spec import Spec, SpecTable
+from . import _state as st
+from ._errors import CodecError, MetricsyncError
+from ._spec import Spec, SpecTable
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from ._metrics import Metrics
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -145,8 +145,8 @@ def _pairs(header: dict[str, Any], key: str, kinds: tuple[type, type]) -> list[A
 
 
 def _build(header: Any, body: memoryview) -> Metrics:
-    from .metrics import Metrics
-    from .sketch import sketch_layout
+    from ._metrics import Metrics
+    from ._sketch import sketch_layout
 
     if not isinstance(header, dict):
         raise CodecError("header must be a JSON object")

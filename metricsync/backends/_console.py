@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from ..formatting import format_value
+from .._formatting import format_value
 
 __all__ = ["ConsoleBackend"]
 

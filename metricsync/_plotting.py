@@ -5,7 +5,7 @@ canvas (no ``pyplot``, no global backend switch), so it works headless and
 does not disturb an interactive session.
 
 >>> import tempfile, pathlib
->>> from metricsync.tracker import Tracker
+>>> from metricsync._tracker import Tracker
 >>> run_dir = pathlib.Path(tempfile.mkdtemp())
 >>> with Tracker(run_dir=run_dir) as tracker:
 ...     for step in range(1, 6):
@@ -20,7 +20,7 @@ import math
 import os
 from pathlib import Path
 
-from .logfile import read_jsonl, resolve_log_path, select_keys
+from ._logfile import read_jsonl, resolve_log_path, select_keys
 
 __all__ = ["PANEL_INCHES", "PLOT_DPI", "plot_jsonl"]
 
@@ -44,7 +44,7 @@ def plot_jsonl(
         log, ``ImportError`` (naming ``metricsync[plot]``) without matplotlib.
 
         >>> import tempfile, pathlib, matplotlib.image
-        >>> from metricsync.tracker import Tracker
+        >>> from metricsync._tracker import Tracker
         >>> run_dir = pathlib.Path(tempfile.mkdtemp())
         >>> with Tracker(run_dir=run_dir) as tracker:
         ...     tracker.log({"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}, step=1)

@@ -9,7 +9,7 @@ recorded as device flags: a failing record is discarded on the device and the
 error is raised, naming the metric, by the next ``compute()``/``sync()``.
 
 >>> import torch
->>> from metricsync.spec import Spec
+>>> from metricsync._spec import Spec
 >>> acc = DeviceAccumulator(torch.device("meta"), n_sketch=0)
 >>> acc.add(Spec(), torch.ones(4, device="meta"), None, None, now=1.0)
 >>> acc.row.device.type
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .convert import host_mask, host_weights
-from .spec import Spec
-from .state import DROP, IDENTITY, LAST, M2, MAX, NCOL, NEGMIN, T, merge_rows
+from ._convert import host_mask, host_weights
+from ._spec import Spec
+from ._state import DROP, IDENTITY, LAST, M2, MAX, NCOL, NEGMIN, T, merge_rows
 
 __all__ = [
     "BAD_NAN",
@@ -200,7 +200,7 @@ class DeviceAccumulator:
         merged = merge_rows(self.row, batch, torch)
         self.row = merged if ok is None else torch.where(ok, merged, self.row)
         if self.sketch is not None and layout is not None:
-            from .sketch import ingest_torch
+            from ._sketch import ingest_torch
 
             cells = ingest_torch(layout, xz.to(_F64), w)
             self.sketch = self.sketch + (cells if ok is None else torch.where(ok, cells, 0.0))

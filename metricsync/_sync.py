@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import state as st
-from .across import empty_aggregate, merge_aggregates, rank_aggregate
-from .errors import SpecMismatchError, SyncError
-from .results import local_values
-from .spec import Spec
+from . import _state as st
+from ._across import empty_aggregate, merge_aggregates, rank_aggregate
+from ._errors import SpecMismatchError, SyncError
+from ._results import local_values
+from ._spec import Spec
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from ._metrics import Metrics
 
 __all__ = ["Layout", "sync"]
 
@@ -403,7 +403,7 @@ def _reduce(metrics: Metrics, layout: Layout, comm: _Comm, ops: _Ops) -> Metrics
         for i in layout.sketch:
             cells = _local_sketch(metrics, layout.names[i], ops) if layout.exact[i] else None
             if cells is None:
-                from .sketch import sketch_layout
+                from ._sketch import sketch_layout
 
                 cells = ops.zeros((sketch_layout(layout.specs[i].accuracy).n_cells,))
             sketch_parts.append(cells)
@@ -497,7 +497,7 @@ def _build_result(
     metrics: Metrics, layout: Layout, host: np.ndarray, n_agg: int, sketch_sizes: list[int]
 ) -> Metrics:
     """A new Metrics over ``layout`` from the reduced host buffer (rows, aggregates, sketches)."""
-    from .metrics import Metrics
+    from ._metrics import Metrics
 
     k = len(layout.names)
     result = Metrics()

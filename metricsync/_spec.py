@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .errors import SpecMismatchError
+from ._errors import SpecMismatchError
 
 __all__ = ["ACROSS_MODES", "NAN_POLICIES", "PLAIN_STATS", "Spec", "SpecTable", "quantile_of"]
 
@@ -124,7 +124,7 @@ class Spec:
             raise ValueError(f"accuracy must lie in (0, 1), got {accuracy!r}")
         quantiles = tuple(q for q in (quantile_of(s) for s in stats) if q is not None)
         if any(0.0 < q < 1.0 for q in quantiles):
-            from .sketch import sketch_layout
+            from ._sketch import sketch_layout
 
             sketch_layout(accuracy)  # ValueError now, not at the first record, if it cannot fit
         else:

@@ -1,11 +1,11 @@
 """The :class:`Metrics` container: record, merge, compute, format, reset.
 
 Storage is columnar: one float64 row of state per metric (see
-:mod:`metricsync.state`), so merging, packing for a collective and computing
+:mod:`metricsync._state`), so merging, packing for a collective and computing
 are vectorized over metrics. Python numbers go to a small per-name pending
 buffer (the hot path is a dict lookup and an ``array.append``) that is folded
 in vectorized form when it fills up or before anything reads the state.
-Torch tensors accumulate on their own device (:mod:`metricsync.device`).
+Torch tensors accumulate on their own device (:mod:`metricsync._device`).
 
 >>> import metricsync as ms
 >>> m = ms.Metrics({"loss": ms.Spec("mean"), "tokens": ms.Spec("sum", fmt=",.0f")})
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from . import state as st
-from .across import AGG_IDENTITY, empty_aggregate, merge_aggregates, rank_aggregate
-from .convert import as_torch, host_mask, host_values, host_weights
-from .errors import SpecMismatchError
-from .results import assemble, local_values
-from .spec import Spec, SpecTable
+from . import _state as st
+from ._across import AGG_IDENTITY, empty_aggregate, merge_aggregates, rank_aggregate
+from ._convert import as_torch, host_mask, host_values, host_weights
+from ._errors import SpecMismatchError
+from ._results import assemble, local_values
+from ._spec import Spec, SpecTable
 
 __all__ = ["Metrics", "merge"]
 
@@ -230,7 +230,7 @@ class Metrics:
             self._sketch[slot] += self._ingest(spec, values, w)
 
     def _prepare_tensor(self, name: str, tensor: Any, weight: Any, mask: Any) -> Callable[[], None]:
-        from .device import check_on_host, torch_weights
+        from ._device import check_on_host, torch_weights
 
         if tensor.is_complex():
             raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {tensor.dtype}")
@@ -240,7 +240,7 @@ class Metrics:
         return partial(self._apply_tensor, name, spec, tensor, w)
 
     def _apply_tensor(self, name: str, spec: Spec, tensor: Any, w: Any) -> None:
-        from .device import DeviceAccumulator
+        from ._device import DeviceAccumulator
 
         self._fold_pending()
         slot = self._slot(name, spec)
@@ -255,7 +255,7 @@ class Metrics:
 
     @staticmethod
     def _ingest(spec: Spec, values: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        from .sketch import ingest_numpy
+        from ._sketch import ingest_numpy
 
         return ingest_numpy(_layout(spec), values, weights)
 
@@ -356,7 +356,7 @@ class Metrics:
         import torch
 
         if host_only:
-            from .device import HOST_DEVICE_TYPES
+            from ._device import HOST_DEVICE_TYPES
 
             devices = {d: a for d, a in self._dev.items() if d.type in HOST_DEVICE_TYPES}
             if not devices:
@@ -387,7 +387,7 @@ class Metrics:
                 if flag:
                     errors.append((self._names[s], flag))
         if errors:
-            from .device import BAD_NAN
+            from ._device import BAD_NAN
 
             name, flag = errors[0]
             what = (
@@ -435,7 +435,7 @@ class Metrics:
 
     def format(self, values: Mapping[str, float] | None = None) -> str:
         """One human line, each value in its spec's format (computes first when ``values`` is None)."""
-        from .formatting import format_line
+        from ._formatting import format_line
 
         if values is None:
             values = self.compute()
@@ -582,7 +582,7 @@ class Metrics:
 
     def to_bytes(self) -> bytes:
         """A versioned binary encoding of specs and states (no pickle inside)."""
-        from .codec import encode
+        from ._codec import encode
 
         self._fold()
         return encode(self)
@@ -590,7 +590,7 @@ class Metrics:
     @classmethod
     def from_bytes(cls, data: bytes) -> Metrics:
         """Decode :meth:`to_bytes` output; ``CodecError`` for anything malformed."""
-        from .codec import decode
+        from ._codec import decode
 
         return decode(data)
 
@@ -603,7 +603,7 @@ class Metrics:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace specs and state with those of a :meth:`state_dict`."""
-        from .errors import CodecError
+        from ._errors import CodecError
 
         if not isinstance(state, Mapping) or state.get("metricsync") != 1 or "data" not in state:
             raise CodecError("not a metricsync state_dict (expected keys 'metricsync' and 'data')")
@@ -615,9 +615,9 @@ class Metrics:
     def sync(self, group: Any = None, *, timeout: float | None = None) -> Metrics:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
-        Without an initialized process group, a copy. See :mod:`metricsync.sync`.
+        Without an initialized process group, a copy. See :mod:`metricsync._sync`.
         """
-        from .sync import sync
+        from ._sync import sync
 
         return sync(self, group=group, timeout=timeout)
 
@@ -642,6 +642,6 @@ def merge(metrics: Iterable[Metrics]) -> Metrics:
 
 
 def _layout(spec: Spec) -> Any:
-    from .sketch import sketch_layout
+    from ._sketch import sketch_layout
 
     return sketch_layout(spec.accuracy)

@@ -5,8 +5,8 @@ Pure functions over the columnar state (rows, sketches, across aggregates), so
 ``sync`` (this rank's own values) share one implementation.
 
 >>> import numpy as np
->>> from metricsync import state as st
->>> from metricsync.spec import Spec
+>>> from metricsync import _state as st
+>>> from metricsync._spec import Spec
 >>> rows = st.rows_from_samples(np.array([1.0, 3.0]), None, np.array([0, 2]), now=1.0)
 >>> local_values([Spec(("mean", "max"))], rows, [None]).tolist()
 [[2.0, 3.0]]
@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import state as st
-from .across import combine
-from .spec import Spec, quantile_of
+from . import _state as st
+from ._across import combine
+from ._spec import Spec, quantile_of
 
 __all__ = ["assemble", "local_values"]
 
@@ -57,7 +57,7 @@ def _quantile(spec: Spec, row: np.ndarray, cells: np.ndarray | None, q: float) -
     vmin, vmax = -row[st.NEGMIN], row[st.MAX]
     if cells is None or q in (0.0, 1.0):  # p0 and p100 are the exact min and max
         return float(vmin if q == 0.0 else vmax)
-    from .sketch import query, sketch_layout
+    from ._sketch import query, sketch_layout
 
     value = query(
         sketch_layout(spec.accuracy), cells[None, :], [q], np.array([vmin]), np.array([vmax])

@@ -12,7 +12,7 @@
 print one line, ``metricsync: error: ...``, on stderr and exit with 1.
 
 >>> import tempfile, pathlib
->>> from metricsync.tracker import Tracker
+>>> from metricsync._tracker import Tracker
 >>> run_dir = pathlib.Path(tempfile.mkdtemp())
 >>> with Tracker(run_dir=run_dir) as tracker:
 ...     for step in (1, 2):
@@ -34,8 +34,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .formatting import format_value
-from .logfile import read_jsonl, resolve_log_path, select_keys
+from ._formatting import format_value
+from ._logfile import read_jsonl, resolve_log_path, select_keys
 
 __all__ = ["build_parser", "main", "render_table"]
 
@@ -98,7 +98,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plotting import plot_jsonl
+    from ._plotting import plot_jsonl
 
     out = plot_jsonl(args.file, args.output, keys=args.keys)
     print(f"{PROG}: wrote {out}", file=sys.stderr)
@@ -106,16 +106,16 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo  # type: ignore[attr-defined,unused-ignore]
+    from . import _demo
 
-    result = demo.main(world_size=args.world_size, steps=args.steps, out=args.out)
+    result = _demo.main(world_size=args.world_size, steps=args.steps, out=args.out)
     return int(result or 0)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import benchmark  # type: ignore[attr-defined,unused-ignore]
+    from . import _benchmark
 
-    result = benchmark.main(world_size=args.world_size, metrics=args.metrics)
+    result = _benchmark.main(world_size=args.world_size, metrics=args.metrics)
     return int(result or 0)
 
 

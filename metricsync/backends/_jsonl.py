@@ -1,6 +1,6 @@
 """The ``jsonl`` backend: ``run_dir/metrics.jsonl``, one strict JSON object per line.
 
-The record layout is described in :mod:`metricsync.logfile`. Every step is
+The record layout is described in :mod:`metricsync._logfile`. Every step is
 written with one unbuffered ``os.write`` of complete lines (header and step
 record together), so a process killed at any moment leaves every earlier
 step intact; ``fsync=True`` also survives a power loss. A failed write is cut
@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..logfile import LOG_NAME, header_record, scan_jsonl, step_record
+from .._logfile import LOG_NAME, header_record, scan_jsonl, step_record
 
 __all__ = ["JsonlBackend"]
 
@@ -43,7 +43,7 @@ class JsonlBackend:
     is none yet); the tracker uses it to warn about steps going backwards.
 
     >>> import tempfile
-    >>> from metricsync.logfile import read_jsonl
+    >>> from metricsync._logfile import read_jsonl
     >>> run_dir = tempfile.mkdtemp()
     >>> for step in (1, 2):
     ...     backend = JsonlBackend(run_dir)   # the second one resumes the file

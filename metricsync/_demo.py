@@ -8,7 +8,7 @@ only some ranks measure), then all ranks ``sync()`` and rank 0 logs to the
 console and to JSONL (and TensorBoard when installed). At the end it prints
 where the log and a PNG of the curves are.
 
->>> from metricsync.demo import SPECS
+>>> from metricsync._demo import SPECS
 >>> SPECS["actor/lr"]
 Spec('last', fmt='.2e')
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .spec import Spec
+from ._spec import Spec
 
 __all__ = ["SPECS", "main"]
 
@@ -93,7 +93,7 @@ def _progress(step: int, steps: int, started: float) -> None:
 def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple[str, ...]) -> str:
     import metricsync as ms
 
-    from .tracker import Tracker
+    from ._tracker import Tracker
 
     rng = np.random.default_rng(1234 + rank)
     metrics = ms.Metrics(SPECS)
@@ -132,7 +132,7 @@ def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:
     print(f"\ndone in {time.monotonic() - begun:.1f}s")
     print(f"JSONL log:   {jsonl}")
     try:
-        from .plotting import plot_jsonl
+        from ._plotting import plot_jsonl
 
         png = plot_jsonl(jsonl, Path(out) / "metrics.png")
         print(f"curves:      {png}")

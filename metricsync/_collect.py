@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import SyncError
-from .metrics import Metrics, merge
+from ._errors import SyncError
+from ._metrics import Metrics, merge
 
 __all__ = ["collect"]
 
