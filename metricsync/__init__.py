@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from ._collect import collect
 from ._errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
+from ._histogram import Histogram
 from ._metrics import Metrics, merge
 from ._spec import Spec
 from ._tracker import Tracker
 
 __all__ = [
     "CodecError",
+    "Histogram",
     "Metrics",
     "MetricsyncError",
     "Spec",

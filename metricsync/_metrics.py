@@ -32,6 +32,7 @@ from . import _state as st
 from ._across import AGG_IDENTITY, empty_aggregate, merge_aggregates, rank_aggregate
 from ._convert import as_torch, host_mask, host_values, host_weights
 from ._errors import SpecMismatchError
+from ._histogram import Histogram, sketch_histogram
 from ._results import assemble, local_values
 from ._spec import Spec, SpecTable
 
@@ -422,6 +423,30 @@ class Metrics:
         n = len(self._names)
         local = self._local_values(list(range(n)))
         return assemble(self._names, self._specs, self._rows[:n], local, self._agg)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """A histogram of every quantile metric holding finite samples, from its sketch.
+
+        After a merge or a sync it covers the samples of every rank; nothing is
+        gathered to draw it. Metrics without a sketch (no quantile between p0 and
+        p100) are left out.
+
+        >>> import metricsync as ms
+        >>> m = ms.Metrics({"len": ms.Spec(("mean", "p50"))})
+        >>> m.record("len", [16, 32, 32, 4096])
+        >>> h = m.histograms()["len"]
+        >>> h.total, float(h.edges[0]), float(h.edges[-1])
+        (4.0, 16.0, 4096.0)
+        """
+        self._fold()
+        out: dict[str, Histogram] = {}
+        for slot, cells in self._sketch.items():
+            row = self._rows[slot]
+            spec = self._specs[slot]
+            hist = sketch_histogram(_layout(spec), cells, -row[st.NEGMIN], row[st.MAX])
+            if hist is not None:
+                out[self._names[slot]] = hist
+        return out
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
