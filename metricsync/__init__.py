@@ -12,6 +12,7 @@ collectives, log anywhere.
 
 from __future__ import annotations
 
+from ._async import SyncHandle, bookkeeping_group
 from ._collect import collect
 from ._errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
 from ._histogram import Histogram
@@ -27,12 +28,24 @@ __all__ = [
     "Spec",
     "SpecMismatchError",
     "SyncError",
+    "SyncHandle",
     "Tracker",
+    "bookkeeping_group",
     "collect",
     "merge",
 ]
 __version__ = "0.1.0"
 
-for _public in (CodecError, Metrics, MetricsyncError, Spec, SpecMismatchError, SyncError, Tracker):
+for _public in (
+    CodecError,
+    Histogram,
+    Metrics,
+    MetricsyncError,
+    Spec,
+    SpecMismatchError,
+    SyncError,
+    SyncHandle,
+    Tracker,
+):
     _public.__module__ = __name__  # tracebacks and reprs show metricsync.X, the public path
 del _public

@@ -1,26 +1,36 @@
 """Per-rank aggregates for ``across`` modes other than ``"exact"``.
 
-An ``across="mean"|"sum"|"min"|"max"`` metric combines each rank's own result.
-Its finished ranks are kept as one aggregate row per statistic:
-``[sum of rank values, number of ranks, max of rank values, -min of rank values]``,
-which merges by sum (first two columns) and max (last two), so it rides in the
-same SUM and MAX all-reduces as every other state. A rank without samples adds
-nothing.
+An ``across="mean"|"sum"|"min"|"max"|"first"`` metric combines each rank's
+own result. Its finished ranks are kept as one aggregate row per statistic,
+``[value, ranks, max, -min]``: ``value`` is the sum of the rank values (for
+``"first"``: the first holder's value), ``ranks`` how many ranks hold samples,
+``max``/``-min`` the extremes. ``value`` and ``ranks`` merge by sum (for
+``"first"``, the left operand wins when it holds a rank), the extremes by max,
+so aggregates ride in the same packed collectives as every other state. A rank
+without samples adds nothing. :func:`fold_rank` is the one way a rank's own
+result joins an aggregate.
 
 >>> import numpy as np
->>> ranks = merge_aggregates(rank_aggregate(np.array([3.0])), rank_aggregate(np.array([5.0])))
->>> combine("mean", ranks, np.array([10.0]), has_local=True).tolist()
-[6.0]
->>> combine("min", ranks, np.array([np.nan]), has_local=False).tolist()
-[3.0]
+>>> ranks = fold_rank(fold_rank(empty_aggregate(1), np.array([3.0])), np.array([5.0]))
+>>> combine("mean", ranks).tolist(), combine("first", fold_rank(empty_aggregate(1), np.array([3.0]))).tolist()
+([4.0], [3.0])
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AGG_IDENTITY", "combine", "empty_aggregate", "merge_aggregates", "rank_aggregate"]
+__all__ = [
+    "ACOL",
+    "AGG_IDENTITY",
+    "combine",
+    "empty_aggregate",
+    "fold_rank",
+    "merge_aggregates",
+    "rank_aggregate",
+]
 
+ACOL = 4
 AGG_IDENTITY = np.array([0.0, 0.0, -np.inf, -np.inf])
 
 
@@ -31,7 +41,7 @@ def empty_aggregate(n_stats: int) -> np.ndarray:
 
 def rank_aggregate(values: np.ndarray) -> np.ndarray:
     """One rank's statistics as an aggregate of one rank."""
-    agg = np.empty((len(values), 4))
+    agg = np.empty((len(values), ACOL))
     agg[:, 0] = values
     agg[:, 1] = 1.0
     agg[:, 2] = values
@@ -39,27 +49,39 @@ def rank_aggregate(values: np.ndarray) -> np.ndarray:
     return agg
 
 
-def merge_aggregates(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The aggregate of the ranks of ``a`` and of ``b``."""
-    out = a + b
-    out[:, 2:] = np.maximum(a[:, 2:], b[:, 2:])
+def merge_aggregates(a: np.ndarray, b: np.ndarray, first: np.ndarray | bool = False) -> np.ndarray:
+    """The aggregate of the ranks of ``a`` followed by those of ``b``.
+
+    ``first`` marks the rows of ``across="first"`` metrics (a bool for all rows,
+    or one per row): there ``a``'s value wins when ``a`` holds a rank.
+    """
+    with np.errstate(all="ignore"):  # NaN and 1e308 rank values are data here
+        out = a + b
+        out[:, 2:] = np.maximum(a[:, 2:], b[:, 2:])
+        if np.any(first):
+            keep_a = a[:, 1] > 0
+            out[:, 0] = np.where(first, np.where(keep_a, a[:, 0], b[:, 0]), out[:, 0])
     return out
 
 
-def combine(across: str, agg: np.ndarray, local: np.ndarray, has_local: bool) -> np.ndarray | None:
-    """The per-rank combination of finished ranks (``agg``) and this rank's own values.
+def fold_rank(
+    agg: np.ndarray, values: np.ndarray, first: bool = False, before: bool = False
+) -> np.ndarray:
+    """``agg`` with one more rank holding ``values``, after its ranks (``before``: ahead of them)."""
+    rank = rank_aggregate(values)
+    return merge_aggregates(rank, agg, first) if before else merge_aggregates(agg, rank, first)
 
-    None when no rank holds samples.
-    """
-    if has_local:
-        agg = merge_aggregates(agg, rank_aggregate(local))
+
+def combine(across: str, agg: np.ndarray) -> np.ndarray | None:
+    """The per-rank combination of an aggregate's ranks; None when no rank holds samples."""
     ranks = agg[:, 1]
     if not ranks.any():
         return None
-    if across == "mean":
-        return agg[:, 0] / np.where(ranks > 0, ranks, 1.0)
-    if across == "sum":
-        return agg[:, 0].copy()
-    if across == "max":
-        return agg[:, 2].copy()
-    return -agg[:, 3]
+    with np.errstate(all="ignore"):
+        if across == "mean":
+            return agg[:, 0] / np.where(ranks > 0, ranks, 1.0)
+        if across in ("sum", "first"):
+            return agg[:, 0].copy()
+        if across == "max":
+            return agg[:, 2].copy()
+        return -agg[:, 3]

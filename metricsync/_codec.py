@@ -5,14 +5,18 @@ Layout, all little-endian::
     magic "MSYN" | u16 version | u16 flags (0) | u32 header length | u64 body length
     header: UTF-8 JSON {"rules": [[key, spec]], "slots": [[name, spec]],
                         "sketch": [[slot, cells]], "agg": [[slot, rows]]}
-    body:   float64 state rows (slots x 8), then each sketch, then each across aggregate (rows x 4)
+                        "ranks": [slot] (only when an argrank metric is present)}
+    body:   float64 state rows (slots x 8), then each sketch, then each across aggregate
+            (rows x 4), then the (max rank, min rank) pair of each argrank metric
     u32 CRC-32 of everything before it
 
 Every length is checked against the bytes actually present before anything is
 allocated, so a hostile header cannot make the decoder allocate more than the
 input's size: the body must be exactly as long as the declared metrics need
 before any state is created, and a format spec may not ask for a width or
-precision above 1000 (``format`` would allocate that many characters). The
+precision above 100 (``format`` would allocate that many characters), and a
+spec may ask for at most 32 statistics, so ``compute()`` and ``format()`` of a
+decoded blob stay linear in its size. The
 decoder's work is linear in the input's size. Anything malformed raises
 :class:`~metricsync.CodecError`, and nothing else.
 
@@ -38,19 +42,18 @@ metricsync.CodecError: truncated: 4 bytes, a metricsync blob has at least 24
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from . import _state as st
+from . import _algebra as al
+from ._across import ACOL
 from ._errors import CodecError, MetricsyncError
+from ._sketch import sketch_layout
 from ._spec import Spec, SpecTable
-
-if TYPE_CHECKING:
-    from ._metrics import Metrics
+from ._table import StateTable
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -59,31 +62,33 @@ FORMAT_VERSION = 1
 _HEAD = struct.Struct("<4sHHIQ")
 _CRC = struct.Struct("<I")
 _MIN_SIZE = _HEAD.size + _CRC.size
-_MAX_FMT_NUMBER = 1000  # largest width or precision a decoded format spec may ask for
-_FMT_NUMBER = re.compile(r"\d+")
 
 
-def encode(metrics: Metrics) -> bytes:
-    """Encode folded ``metrics`` (the caller folds pending and device state first)."""
-    m = metrics
-    n = len(m._names)
+def encode(rules: SpecTable, table: StateTable) -> bytes:
+    """Encode spec rules and a state table."""
     header: dict[str, list[Any]] = {
-        "rules": [[key, spec.to_json()] for key, spec in m._table.rules()],
-        "slots": [[name, spec.to_json()] for name, spec in zip(m._names, m._specs)],
-        "sketch": [[slot, len(cells)] for slot, cells in sorted(m._sketch.items())],
-        "agg": [[slot, len(agg)] for slot, agg in sorted(m._agg.items())],
+        "rules": [[key, spec.to_json()] for key, spec in rules.rules()],
+        "slots": [[name, spec.to_json()] for name, spec in zip(table.names, table.specs)],
+        "sketch": [[slot, len(cells)] for slot, cells in sorted(table.sketches.items())],
+        "agg": [[slot, len(agg)] for slot, agg in sorted(table.aggs.items())],
     }
-    head_bytes = json.dumps(header, separators=(",", ":")).encode()
-    parts = [m._rows[:n].astype("<f8").tobytes()]
-    parts += [m._sketch[slot].astype("<f8").tobytes() for slot, _ in header["sketch"]]
-    parts += [m._agg[slot].astype("<f8").tobytes() for slot, _ in header["agg"]]
+    ranked = [slot for slot, spec in enumerate(table.specs) if spec.argrank]
+    if ranked:
+        header["ranks"] = ranked
+    state = table.state
+    parts = [np.ascontiguousarray(state[: al.NCOL].T).astype("<f8").tobytes()]
+    parts += [table.sketches[slot].astype("<f8").tobytes() for slot, _ in header["sketch"]]
+    parts += [table.aggs[slot].astype("<f8").tobytes() for slot, _ in header["agg"]]
+    if ranked:
+        parts.append(np.ascontiguousarray(state[al.MAXRANK :, ranked].T).astype("<f8").tobytes())
     body = b"".join(parts)
+    head_bytes = json.dumps(header, separators=(",", ":")).encode()
     blob = _HEAD.pack(MAGIC, FORMAT_VERSION, 0, len(head_bytes), len(body)) + head_bytes + body
     return blob + _CRC.pack(zlib.crc32(blob))
 
 
-def decode(data: Any) -> Metrics:
-    """Decode bytes made by :func:`encode`; ``CodecError`` for anything else."""
+def decode(data: Any) -> tuple[SpecTable, StateTable]:
+    """Decode bytes made by :func:`encode` into ``(rules, table)``; ``CodecError`` for anything else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CodecError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -144,110 +149,89 @@ def _pairs(header: dict[str, Any], key: str, kinds: tuple[type, type]) -> list[A
     return items
 
 
-def _build(header: Any, body: memoryview) -> Metrics:
-    from ._metrics import Metrics
-    from ._sketch import sketch_layout
-
+def _build(header: Any, body: memoryview) -> tuple[SpecTable, StateTable]:
     if not isinstance(header, dict):
         raise CodecError("header must be a JSON object")
     rules = _pairs(header, "rules", (str, str))
     slots = _pairs(header, "slots", (str, str))
     sketches = _pairs(header, "sketch", (int, int))
     aggs = _pairs(header, "agg", (int, int))
+    ranked = header.get("ranks", [])
+    if not isinstance(ranked, list) or not all(type(s) is int for s in ranked):
+        raise CodecError("header field 'ranks' must be a list of slots")
     specs: dict[str, Spec] = {}
-    m = Metrics()
-    _add_rules(m._table, [(key, _spec_of(text, specs)) for key, text in rules])
+    table_rules = SpecTable()
+    try:
+        table_rules.add_all([(key, _spec_of(text, specs)) for key, text in rules])
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"malformed rules: {exc}") from None
     slot_specs = [_spec_of(text, specs) for _, text in slots]
     n = len(slots)
-    offset = n * st.NCOL * 8
+    offset = n * al.NCOL * 8
     need = offset + sum(
         8 * sketch_layout(spec.accuracy).n_cells for spec in slot_specs if spec.needs_sketch
     )
-    need += sum(32 * len(spec.reduce) for spec in slot_specs if spec.across != "exact")
+    need += sum(8 * ACOL * len(spec.reduce) for spec in slot_specs if spec.across != "exact")
+    need += 16 * sum(1 for spec in slot_specs if spec.argrank)
     if need != len(body):  # checked before any state is allocated
         raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
-    rows = np.frombuffer(body[:offset], dtype="<f8").reshape(n, st.NCOL)
-    for (name, _), spec in zip(slots, slot_specs):
-        if not name or name in m._index:
-            raise CodecError(f"empty or repeated metric name {name!r}")
-        m._slot(name, spec)
-    if n:
-        m._rows[:n] = rows
-    want_sketch = sorted(s for s, spec in enumerate(m._specs) if spec.needs_sketch)
+    names = [name for name, _ in slots]
+    if len(set(names)) != n or not all(names):
+        raise CodecError("empty or repeated metric name")
+    cols = al.identity(n)
+    cols[: al.NCOL] = np.frombuffer(body[:offset], dtype="<f8").reshape(n, al.NCOL).T
+    want_sketch = [s for s, spec in enumerate(slot_specs) if spec.needs_sketch]
     if [slot for slot, _ in sketches] != want_sketch:
         raise CodecError("sketch entries do not match the quantile metrics")
-    for slot, cells in sketches:
-        if cells != sketch_layout(m._specs[slot].accuracy).n_cells:
-            raise CodecError(f"sketch of metric {m._names[slot]!r} has {cells} cells")
-        m._sketch[slot][:] = _take(body, offset, cells)
-        offset += cells * 8
-    want_agg = sorted(s for s, spec in enumerate(m._specs) if spec.across != "exact")
+    cells: dict[int, np.ndarray] = {}
+    for slot, size in sketches:
+        if size != sketch_layout(slot_specs[slot].accuracy).n_cells:
+            raise CodecError(f"sketch of metric {names[slot]!r} has {size} cells")
+        cells[slot] = _take(body, offset, size).copy()
+        offset += size * 8
+    want_agg = [s for s, spec in enumerate(slot_specs) if spec.across != "exact"]
     if [slot for slot, _ in aggs] != want_agg:
         raise CodecError("aggregate entries do not match the across metrics")
+    agg_of: dict[int, np.ndarray] = {}
     for slot, count in aggs:
-        if count != len(m._specs[slot].reduce):
-            raise CodecError(f"aggregate of metric {m._names[slot]!r} has {count} rows")
-        m._agg[slot][:] = _take(body, offset, count * 4).reshape(count, 4)
-        offset += count * 32
+        if count != len(slot_specs[slot].reduce):
+            raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
+        agg_of[slot] = _take(body, offset, count * ACOL).reshape(count, ACOL).copy()
+        offset += count * ACOL * 8
+    if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
+        raise CodecError("rank entries do not match the argrank metrics")
+    if ranked:
+        cols[al.MAXRANK :, ranked] = _take(body, offset, 2 * len(ranked)).reshape(-1, 2).T
+        offset += 16 * len(ranked)
     if offset != len(body):
         raise CodecError(f"{len(body) - offset} unexplained trailing body bytes")
-    _check_counts(m)
-    return m
+    table = StateTable.from_parts(names, slot_specs, cols, cells, agg_of)
+    _check_counts(table)
+    return table_rules, table
 
 
 def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:
     """The spec a header text describes (parsed once per distinct text)."""
     spec = cache.get(text)
-    if spec is None:
-        data = json.loads(text)
-        fmt = data[2] if isinstance(data, list) and len(data) == 5 else None
-        if isinstance(fmt, str) and any(
-            len(digits) > 6 or int(digits) > _MAX_FMT_NUMBER for digits in _FMT_NUMBER.findall(fmt)
-        ):
-            raise CodecError(
-                f"format spec {fmt[:40]!r} asks for a width or precision above {_MAX_FMT_NUMBER}"
-            )
+    if spec is None:  # Spec bounds its statistics and format widths before using them
         spec = cache[text] = Spec.from_json(text)
     return spec
 
 
-def _add_rules(table: SpecTable, rules: list[tuple[str, Spec]]) -> None:
-    """Add decoded rules; a repeated key is malformed.
-
-    ``SpecTable.add`` sorts the globs on every call, which is quadratic in
-    their number: the globs but the last go in directly and one ``add`` sorts
-    them all at once.
-    """
-    globs = []
-    for key, spec in rules:
-        if not key or table.rule_for(key) is not None:
-            raise CodecError(f"empty or repeated rule {key!r}")
-        if SpecTable.is_glob(key):
-            globs.append((key, spec))
-            table._globs[key] = spec  # placeholder so rule_for sees it; sorted below
-        else:
-            table.add(key, spec)
-    if globs:
-        last_key, last_spec = globs[-1]
-        del table._globs[last_key]
-        table.add(last_key, last_spec)
-
-
-def _check_counts(m: Metrics) -> None:
+def _check_counts(table: StateTable) -> None:
     """Reject states no record or merge can produce (see the module docstring)."""
-    n = len(m._names)
-    rows = m._rows[:n]
-    bad = ~(rows[:, st.W] >= 0) | ~(rows[:, st.DROP] >= 0) | ~np.isfinite(rows[:, st.DROP])
-    bad |= np.isnan(rows[:, st.T])
-    for slot, cells in m._sketch.items():
+    state = table.state
+    bad = ~(state[al.W] >= 0) | ~(state[al.DROP] >= 0) | ~np.isfinite(state[al.DROP])
+    bad |= np.isnan(state[al.T])
+    for slot, cells in table.sketches.items():
         bad[slot] |= not bool((cells >= 0).all())
-    for slot, agg in m._agg.items():
+    for slot, agg in table.aggs.items():
         ranks = agg[:, 1]
         bad[slot] |= not bool(
             (np.isfinite(ranks) & (ranks >= 0) & (ranks == np.floor(ranks))).all()
         )
     if bad.any():
-        name = m._names[int(np.argmax(bad))]
+        name = table.names[int(np.argmax(bad))]
         raise CodecError(
             f"metric {name!r} holds a negative, NaN or fractional count; no record or merge "
             "makes that state"

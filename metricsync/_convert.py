@@ -1,8 +1,9 @@
-"""Turning recorded values, weights and masks into validated arrays.
+"""Turning recorded values, weights and masks into checked arrays.
 
-Host data (Python numbers, numpy) becomes flat float64 numpy arrays and is
-checked here. Torch tensors stay torch tensors on their own device; only their
-dtypes and shapes are checked here, never their values.
+Host data (Python numbers, numpy, lists, CPU tensors) becomes flat float64
+numpy arrays, copied (a later in-place change by the caller changes nothing
+recorded) and checked here. Accelerator tensors stay on their device: only
+their dtypes and shapes are checked here, never their values.
 
 >>> host_values("loss", 2)
 array([2.])
@@ -10,6 +11,10 @@ array([2.])
 Traceback (most recent call last):
 ...
 TypeError: metric 'loss': expected a real number, array or tensor, got str
+>>> host_mask("ent", [0.5, 1.0], (2,))
+Traceback (most recent call last):
+...
+ValueError: metric 'ent': a mask holds 0/1 or booleans, got np.float64(0.5); use weight= for fractions
 """
 
 from __future__ import annotations
@@ -19,9 +24,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_torch", "host_mask", "host_values", "host_weights", "is_torch"]
+__all__ = [
+    "HOST_DEVICE_TYPES",
+    "as_torch",
+    "check_tensor",
+    "device_mask",
+    "device_weight",
+    "host_mask",
+    "host_values",
+    "host_weights",
+    "is_torch",
+]
 
 _REAL_KINDS = "biuf"
+#: Device types whose tensors live in host memory: recorded as host data, like numpy.
+#: Tests empty it to send CPU tensors down the accelerator path.
+HOST_DEVICE_TYPES = frozenset({"cpu"})
 
 
 def is_torch(value: object) -> bool:
@@ -40,6 +58,25 @@ def as_torch(value: object) -> Any:
     return None
 
 
+def check_tensor(name: str, t: Any, what: str = "value") -> None:
+    """``TypeError`` naming the metric for tensors metricsync cannot read as real samples."""
+    layout = str(t.layout)
+    if t.is_complex():
+        raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {t.dtype}")
+    if getattr(t, "is_nested", False):
+        raise TypeError(
+            f"metric {name!r}: a nested {what} tensor cannot be recorded; "
+            "record each component (t.unbind()) or t.to_padded_tensor(0.0) with a mask"
+        )
+    if t.is_quantized:
+        raise TypeError(f"metric {name!r}: a quantized {what} tensor; record t.dequantize()")
+    if layout != "torch.strided":
+        raise TypeError(
+            f"metric {name!r}: a {layout.removeprefix('torch.')} {what} tensor; "
+            "record t.to_dense() (or its values())"
+        )
+
+
 def _type_error(name: str, what: str, value: object) -> TypeError:
     return TypeError(f"metric {name!r}: expected {what}, got {type(value).__name__}")
 
@@ -51,7 +88,9 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
         try:
             return np.array(float(value))
         except OverflowError:
-            raise ValueError(f"metric {name!r}: {value!r} does not fit in a float64") from None
+            raise ValueError(f"metric {name!r}: {value!r:.40} does not fit in a float64") from None
+    if is_torch(value):
+        return _tensor_array(name, value, what)
     try:
         arr = np.asarray(value)
     except Exception as exc:  # an object whose __array__ fails
@@ -63,10 +102,24 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
     return arr
 
 
+def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
+    """A host (CPU) tensor as numpy: a zero-copy view where numpy knows the dtype."""
+    import torch
+
+    check_tensor(name, t, what)
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype in (torch.bfloat16,) or (t.dtype.itemsize == 1 and t.is_floating_point()):
+        t = t.to(torch.float32)  # bfloat16 and float8 have no numpy dtype
+    arr: np.ndarray = t.resolve_conj().resolve_neg().numpy()
+    return arr
+
+
 def host_values(name: str, value: object) -> np.ndarray:
-    """Flat float64 samples from a host value; ``TypeError`` naming the metric otherwise."""
+    """Flat float64 samples from a host value (a view where possible: the caller copies what
+    it keeps); ``TypeError`` naming the metric otherwise."""
     arr = _as_array(name, value, "a real number, array or tensor")
-    return arr.astype(np.float64, copy=False).reshape(-1)
+    return np.asarray(arr, dtype=np.float64).reshape(-1)
 
 
 def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarray:
@@ -78,7 +131,7 @@ def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarra
         raise ValueError(
             f"metric {name!r}: weight of shape {arr.shape} does not broadcast to the value's shape {shape}"
         ) from None
-    flat = np.ascontiguousarray(arr).reshape(-1)
+    flat = np.asarray(arr, dtype=np.float64).reshape(-1)
     bad = ~np.isfinite(flat) | (flat < 0)
     if bad.any():
         raise ValueError(f"metric {name!r}: weights must be finite and >= 0, got {flat[bad][0]!r}")
@@ -92,4 +145,62 @@ def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
         raise ValueError(
             f"metric {name!r}: mask has shape {arr.shape}, the value has shape {tuple(shape)}"
         )
-    return (arr.reshape(-1) != 0).astype(np.float64)
+    flat = arr.reshape(-1)
+    if flat.dtype != np.bool_:
+        odd = (flat != 0) & (flat != 1)
+        if odd.any():
+            raise ValueError(
+                f"metric {name!r}: a mask holds 0/1 or booleans, got {flat[odd][0]!r}; "
+                "use weight= for fractions"
+            )
+    return flat.astype(np.float64)
+
+
+def device_weight(name: str, weight: Any, x: Any) -> Any:
+    """A weight for device tensor ``x``: a checked Python float, or a tensor on ``x``'s device.
+
+    Host weights are checked here; a tensor's values are checked by the fold.
+    """
+    import torch
+
+    if is_torch(weight):
+        check_tensor(name, weight, "weight")
+        try:
+            shape = torch.broadcast_shapes(weight.shape, x.shape)
+        except RuntimeError:
+            shape = None
+        if shape != x.shape:
+            raise ValueError(
+                f"metric {name!r}: weight of shape {tuple(weight.shape)} does not broadcast "
+                f"to the value's shape {tuple(x.shape)}"
+            )
+        return _on_device(weight, x.device)
+    if np.ndim(weight) == 0 and not isinstance(weight, np.ndarray):
+        return float(host_weights(name, weight, ())[0])
+    flat = host_weights(name, weight, tuple(x.shape))
+    return _on_device(torch.from_numpy(flat.reshape(x.shape)), x.device)
+
+
+def _on_device(t: Any, device: Any) -> Any:
+    """``t`` on ``device`` without waiting for the device (pinned, non-blocking from the host)."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def device_mask(name: str, mask: Any, x: Any) -> Any:
+    """A mask for device tensor ``x``, on its device: bool, or numeric checked 0/1 by the fold."""
+    import torch
+
+    if is_torch(mask):
+        check_tensor(name, mask, "mask")
+        if tuple(mask.shape) != tuple(x.shape):
+            raise ValueError(
+                f"metric {name!r}: mask has shape {tuple(mask.shape)}, "
+                f"the value has shape {tuple(x.shape)}"
+            )
+        return _on_device(mask, x.device)
+    flat = host_mask(name, mask, tuple(x.shape))
+    return _on_device(torch.from_numpy(flat.reshape(x.shape) != 0), x.device)

@@ -1,206 +1,283 @@
-"""Accumulating torch tensors on their own device, without reading them.
+"""Accelerator tensors: a bounded pending buffer per device, folded with segment reductions.
 
-A :class:`DeviceAccumulator` holds one metric's state row (and sketch) as a
-float64 tensor on the device its samples came from. Recording launches a few
-reductions and elementwise kernels; it never calls ``.item()``, ``.cpu()``,
-``.tolist()`` or boolean indexing, so it never waits for the device. Value
-checks (negative weights, non-finite samples under ``nan="error"``) are
-recorded as device flags: a failing record is discarded on the device and the
-error is raised, naming the metric, by the next ``compute()``/``sync()``.
+Recording copies a tensor's elements into a preallocated float64 buffer on
+its own device (a 0-d tensor: one ``select`` and one ``copy_``; a masked
+tensor: six ops), with the record's slot, length and time kept on the host.
+It never reads the device: no ``.item()``, ``.cpu()``, boolean indexing or
+host-to-device copy. A fold reduces every pending record of the device at
+once into per-metric state columns (``index_add_``/``scatter_reduce_`` over
+the records' slots, a few dozen ops whatever their number) and merges them
+into the device's accumulated state. It runs when the buffer fills (the
+buffer's bound is the memory bound) and, without changing anything, for
+every ``compute()``/``sync()``, which then copy the state to the host once
+per device.
+
+Value checks that need the data (a negative or non-finite weight, a mask
+that is not 0/1, a non-finite sample under ``nan="error"``) run inside the
+fold: a failing record is left out and flagged, and the next ``compute()``
+raises naming the metric.
 
 >>> import torch
 >>> from metricsync._spec import Spec
->>> acc = DeviceAccumulator(torch.device("meta"), n_sketch=0)
->>> acc.add(Spec(), torch.ones(4, device="meta"), None, None, now=1.0)
->>> acc.row.device.type
-'meta'
+>>> state = DeviceState(torch.device("meta"))
+>>> state.add(0, Spec(), torch.ones(4, device="meta"), None, None, now=1.0)
+>>> state.has_records
+True
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._convert import host_mask, host_weights
+from . import _algebra as al
+from ._device_fold import BAD_MASK, BAD_NAN, BAD_WEIGHT, fold_batch
+from ._sketch import sketch_layout
 from ._spec import Spec
-from ._state import DROP, IDENTITY, LAST, M2, MAX, NCOL, NEGMIN, T, merge_rows
 
-__all__ = [
-    "BAD_NAN",
-    "BAD_WEIGHT",
-    "HOST_DEVICE_TYPES",
-    "DeviceAccumulator",
-    "check_on_host",
-    "torch_weights",
-]
+__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
 
-BAD_WEIGHT = 1.0
-BAD_NAN = 2.0
 _F64 = torch.float64
-_PLAIN_NEEDS_MINMAX = {"min", "max"}
-#: Device types whose tensors live in host memory. Their values are checked when
-#: recorded, like numpy data; tensors on other devices are checked on the device
-#: and reported by the next ``compute()``/``sync()``.
-HOST_DEVICE_TYPES = frozenset({"cpu"})
+_START, _LIMIT = 1 << 13, 1 << 20  # buffer elements: first size, and the bound it doubles to
+_PLAIN, _WEIGHT, _MASK = 0, 1, 2  # what a record's weights are, and what to check of them
+
+#: ``(slots, cols, sketches, bad)`` of one device on the host: state columns
+#: ``(NCOL_ALL, len(slots))``, each sketch slot's cells, each slot's first error code
+Snapshot = tuple[list[int], np.ndarray, dict[int, np.ndarray], np.ndarray]
 
 
-def check_on_host(name: str, spec: Spec, value: Any, weight: Any) -> None:
-    """Raise ``ValueError`` naming the metric for bad values of a host (CPU) tensor.
+def _fill_weights(target: torch.Tensor, weight: Any, mask: Any) -> None:
+    """Write a record's combined weight into ``target`` (a view of the value's shape).
 
-    Negative or non-finite weights, and non-finite samples with weight > 0 under
-    ``nan="error"``. A no-op for tensors outside :data:`HOST_DEVICE_TYPES`.
-
-    >>> check_on_host("kl", Spec(), torch.ones(2), torch.tensor([1.0, -1.0], dtype=_F64))
-    Traceback (most recent call last):
-    ...
-    ValueError: metric 'kl': weights must be finite and >= 0, got a negative or non-finite weight
+    A mask alone is copied as it is (the fold checks it is 0/1). Beside a
+    weight, a numeric mask value other than 0 or 1 makes that weight NaN,
+    which the fold's weight check reports.
     """
-    if value.device.type not in HOST_DEVICE_TYPES:
+    if isinstance(weight, float):
+        target.fill_(weight)
+    elif weight is not None:
+        target.copy_(weight)
+    if mask is None:
         return
-    if weight is not None and bool(((weight < 0) | ~torch.isfinite(weight)).any()):
-        raise ValueError(
-            f"metric {name!r}: weights must be finite and >= 0, got a negative or non-finite weight"
-        )
-    if spec.nan == "error" and value.is_floating_point():
-        bad = ~torch.isfinite(value.reshape(-1))
-        if weight is not None:
-            bad &= weight > 0
-        if bool(bad.any()):
-            raise ValueError(f"metric {name!r}: non-finite sample under nan='error'")
+    if weight is None:
+        target.copy_(mask)
+    elif mask.dtype == torch.bool:
+        target.mul_(mask)
+    else:
+        target.mul_(torch.where((mask == 0) | (mask == 1), mask, float("nan")))
 
 
-def torch_weights(name: str, value: Any, weight: Any, mask: Any) -> Any:
-    """Combine ``weight`` and ``mask`` into one flat tensor on value's device (or None).
+class DeviceState:
+    """Pending records and accumulated state of the metrics recorded on one device."""
 
-    float64 when there is a weight; a mask alone stays a bool tensor (cheaper to
-    apply). Shapes and dtypes are checked here (host-known); device values are
-    not read. Host weights and masks are checked on the host right away.
-    """
-    shape = tuple(value.shape)
-    w = None
-    if weight is not None:
-        if isinstance(weight, torch.Tensor):
-            if weight.is_complex():
-                raise TypeError(f"metric {name!r}: weight must be real, got dtype {weight.dtype}")
-            try:
-                expanded = weight.to(device=value.device, dtype=_F64).expand(shape)
-            except RuntimeError:
-                raise ValueError(
-                    f"metric {name!r}: weight of shape {tuple(weight.shape)} does not broadcast "
-                    f"to the value's shape {shape}"
-                ) from None
-            w = expanded.reshape(-1)
-        elif np.ndim(weight) == 0:  # a number: checked here, then a fill on the device
-            scalar = float(host_weights(name, weight, ())[0])
-            w = torch.full((), scalar, dtype=_F64, device=value.device).expand(value.numel())
-        else:
-            w = torch.tensor(host_weights(name, weight, shape), device=value.device)
-    if mask is not None:
-        if isinstance(mask, torch.Tensor):
-            if tuple(mask.shape) != shape:
-                raise ValueError(
-                    f"metric {name!r}: mask has shape {tuple(mask.shape)}, the value has shape {shape}"
-                )
-            if mask.is_complex():
-                raise TypeError(f"metric {name!r}: mask must be boolean, got dtype {mask.dtype}")
-            m = mask.to(value.device).reshape(-1)
-            if m.dtype != torch.bool:
-                m = m != 0
-        else:
-            m = torch.from_numpy(host_mask(name, mask, shape) != 0).to(value.device)
-        w = m if w is None else w * m
-    return w
-
-
-class DeviceAccumulator:
-    """One metric's state on one device: a float64 row, an optional sketch, an error flag."""
-
-    __slots__ = ("bad", "device", "row", "sketch")
-
-    def __init__(self, device: torch.device, n_sketch: int) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.row = torch.empty(NCOL, dtype=_F64, device=device)
-        for i, v in enumerate(IDENTITY.tolist()):
-            self.row[i] = v  # fills on the device, not a host-to-device copy
-        self.sketch = torch.zeros(n_sketch, dtype=_F64, device=device) if n_sketch else None
-        self.bad = torch.zeros((), dtype=_F64, device=device)
+        self.slots: list[int] = []  # device row -> table slot
+        self.rows: dict[int, int] = {}  # table slot -> device row
+        self.specs: list[Spec] = []
+        self.state = torch.empty((al.NCOL_ALL, 0), dtype=_F64, device=device)
+        self.bad = torch.zeros(0, dtype=_F64, device=device)
+        self.sketch: dict[float, torch.Tensor] = {}  # accuracy -> (rows, cells)
+        self.sketch_rows: dict[int, tuple[float, int]] = {}  # device row -> (accuracy, index)
+        self._sketch_count: dict[float, int] = {}
+        self._capacity = _START
+        self._vals: torch.Tensor | None = None
+        self._wts: torch.Tensor | None = None
+        self._records: list[tuple[int, int, int, int, float]] = []  # row, start, n, kind, stamp
+        self._used = 0
+        self._commits = 0  # folds into the state so far
+        self._seen: tuple[Any, Snapshot] | None = None  # the last snapshot and what it saw
 
-    def add(self, spec: Spec, value: Any, weight: Any, layout: Any, now: float) -> None:
-        """Fold one recorded tensor (flattened) with its combined weight into this state."""
-        x = value.detach().reshape(-1)  # never keep the autograd graph alive
-        if x.dtype == torch.bool or not x.is_floating_point():
-            x = x.to(_F64)
+    @property
+    def has_records(self) -> bool:
+        """Whether any record is pending or folded here."""
+        return bool(self._records) or bool(self.slots)
+
+    def recorded_slots(self) -> set[int]:
+        """Table slots holding records on this device (folded or pending)."""
+        return set(self.slots)
+
+    # -------------------------------------------------------------- recording
+
+    def row(self, slot: int, spec: Spec) -> int:
+        """This device's row for table slot ``slot`` (created on first use)."""
+        row = self.rows.get(slot)
+        if row is None:
+            row = self.rows[slot] = len(self.slots)
+            self.slots.append(slot)
+            self.specs.append(spec)
+        return row
+
+    def add(
+        self, slot: int, spec: Spec, x: torch.Tensor, weight: Any, mask: Any, now: float
+    ) -> None:
+        """Pend one record: ``weight`` a float, a tensor or None; ``mask`` a tensor or None.
+
+        Both already on ``x``'s device and of checked shapes; ``x`` is non-empty.
+        """
         n = x.numel()
-        if n == 0:
-            return
-        ok = None
-        w = None if weight is None else weight.detach()
-        if w is not None and w.dtype != torch.bool:  # a bare mask cannot be negative
-            bad = (w < 0).any() | ~torch.isfinite(w).all()
-            self.bad = torch.where(bad & (self.bad == 0), BAD_WEIGHT, self.bad)
-            ok = ~bad
-        drop = None
-        if spec.nan != "propagate":
-            nonfinite = ~torch.isfinite(x)
-            sample = nonfinite if w is None else nonfinite & (w > 0)
-            if spec.nan == "error":
-                bad_nan = sample.any()
-                self.bad = torch.where(bad_nan & (self.bad == 0), BAD_NAN, self.bad)
-                ok = ~bad_nan if ok is None else ok & ~bad_nan
-            else:
-                drop = sample.sum(dtype=_F64)
-                keep_finite = (~nonfinite).to(_F64)
-                w = keep_finite if w is None else w * keep_finite
-        # Scalars enter as kernel arguments or torch.full fills: a torch.tensor(...,
-        # device=...) would be a host-to-device copy, which waits for the device.
-        keep = None if w is None else w if w.dtype == torch.bool else w > 0
-        xz = x if keep is None else torch.where(keep, x, 0.0)
-        if w is None:
-            wsum = torch.full((), float(n), dtype=_F64, device=x.device)
-            ssum = xz.sum(dtype=_F64)
-        elif w.dtype == torch.bool:
-            wsum = w.sum(dtype=_F64)
-            ssum = xz.sum(dtype=_F64)
-        else:
-            wsum = w.sum()
-            ssum = (xz.to(_F64) * w).sum()
-        cols: list[Any] = [wsum, ssum] + [None] * (NCOL - 2)
-        stats = set(spec.reduce)
-        if stats & _PLAIN_NEEDS_MINMAX or spec.quantiles:
-            if keep is None:
-                cols[MAX] = x.max().to(_F64)
-                cols[NEGMIN] = -x.min().to(_F64)
-            else:
-                cols[MAX] = torch.where(keep, x, float("-inf")).max().to(_F64)
-                cols[NEGMIN] = -torch.where(keep, x, float("inf")).min().to(_F64)
-        if "last" in stats:
-            if keep is None:
-                cols[LAST] = x[-1].to(_F64)
-                cols[T] = torch.full((), now, dtype=_F64, device=x.device)
-            else:
-                pos = torch.where(keep, torch.arange(n, device=x.device), -1).max()
-                cols[LAST] = x.gather(0, pos.clamp(min=0).reshape(1))[0].to(_F64)
-                stamp = torch.full((), now, dtype=_F64, device=x.device)  # float32 would round it
-                cols[T] = torch.where(pos >= 0, stamp, float("-inf"))
-        if "var" in stats or "std" in stats:
-            mean = ssum / torch.where(wsum > 0, wsum, 1.0)
-            dev = xz.to(_F64) - mean
-            sq = dev * dev if w is None or keep is None else torch.where(keep, w * dev * dev, 0.0)
-            cols[M2] = sq.sum()
-        if drop is not None:
-            cols[DROP] = drop
-        batch = torch.stack(
-            [
-                c.reshape(()) if c is not None else torch.full((), v, dtype=_F64, device=x.device)
-                for c, v in zip(cols, IDENTITY.tolist())
-            ]
+        row = self.row(slot, spec)
+        kind = (
+            _PLAIN if weight is None and mask is None else _WEIGHT if weight is not None else _MASK
         )
-        merged = merge_rows(self.row, batch, torch)
-        self.row = merged if ok is None else torch.where(ok, merged, self.row)
-        if self.sketch is not None and layout is not None:
-            from ._sketch import ingest_torch
+        if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
+            w = None if kind == _PLAIN else self._weights_of(x, weight, mask)
+            self._merge(self._fold_batch(x.reshape(-1), w, [(row, 0, n, kind, now)]))
+            return
+        if self._used + n > self._capacity or self._vals is None:
+            self.commit()
+        assert self._vals is not None
+        start, self._used = self._used, self._used + n
+        with torch.no_grad():  # a copy from a tensor that requires grad records nothing
+            if x.dim() == 0:
+                self._vals[start].copy_(x)
+            else:
+                self._vals[start : start + n].view(x.shape).copy_(x)
+            if kind != _PLAIN:
+                self._write_weights(start, x, weight, mask)
+        self._records.append((row, start, n, kind, now))
 
-            cells = ingest_torch(layout, xz.to(_F64), w)
-            self.sketch = self.sketch + (cells if ok is None else torch.where(ok, cells, 0.0))
+    def _write_weights(self, start: int, x: torch.Tensor, weight: Any, mask: Any) -> None:
+        if self._wts is None:
+            self._wts = torch.empty(self._capacity, dtype=_F64, device=self.device)
+        n = x.numel()
+        target = self._wts[start] if x.dim() == 0 else self._wts[start : start + n].view(x.shape)
+        _fill_weights(target, weight, mask)
+
+    def _weights_of(self, x: torch.Tensor, weight: Any, mask: Any) -> torch.Tensor:
+        w = torch.empty(x.shape, dtype=_F64, device=self.device)
+        _fill_weights(w, weight, mask)
+        return w.reshape(-1)
+
+    # ---------------------------------------------------------------- folding
+
+    def commit(self) -> None:
+        """Fold the pending records into the accumulated state; size the buffer for what comes."""
+        if self._records:
+            assert self._vals is not None
+            w = self._wts[: self._used] if self._wts is not None else None
+            self._merge(self._fold_batch(self._vals[: self._used], w, self._records))
+            grow = self._used > self._capacity // 2 and self._capacity < _LIMIT
+            self._capacity = min(2 * self._capacity, _LIMIT) if grow else self._capacity
+        if self._vals is None or self._vals.numel() != self._capacity:
+            self._vals = torch.empty(self._capacity, dtype=_F64, device=self.device)
+            self._wts = None
+        self._records, self._used = [], 0
+
+    def _merge(self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]) -> None:
+        self._commits += 1
+        cols, sketches, bad = batch
+        self.state = al.merge(self._grown(self.state, al.IDENTITY), cols, torch)
+        for accuracy, cells in sketches.items():
+            self.sketch[accuracy] = self._grown_sketch(accuracy) + cells
+        self.bad = torch.maximum(self._grown(self.bad, None), bad)
+
+    def _grown(self, t: torch.Tensor, fill: np.ndarray | None) -> torch.Tensor:
+        """``t`` widened to the current number of rows (new rows hold no samples)."""
+        extra = len(self.slots) - t.shape[-1]
+        if extra <= 0:
+            return t
+        if fill is None:
+            return torch.cat([t, torch.zeros(extra, dtype=_F64, device=self.device)])
+        pad = torch.empty((al.NCOL_ALL, extra), dtype=_F64, device=self.device)
+        for i, v in enumerate(fill.tolist()):
+            pad[i].fill_(v)  # fills on the device, not a host-to-device copy
+        return torch.cat([t, pad], dim=1)
+
+    def _grown_sketch(self, accuracy: float) -> torch.Tensor:
+        n_rows = self._sketch_count.get(accuracy, 0)
+        old = self.sketch.get(accuracy)
+        have = 0 if old is None else old.shape[0]
+        extra = torch.zeros(
+            (n_rows - have, sketch_layout(accuracy).n_cells), dtype=_F64, device=self.device
+        )
+        return extra if old is None else torch.cat([old, extra]) if n_rows > have else old
+
+    def _sketch_index(self, row: int) -> tuple[float, int]:
+        hit = self.sketch_rows.get(row)
+        if hit is None:
+            accuracy = self.specs[row].accuracy
+            index = self._sketch_count.get(accuracy, 0)
+            self._sketch_count[accuracy] = index + 1
+            hit = self.sketch_rows[row] = (accuracy, index)
+        return hit
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        """A small host array on the device without waiting for it (pinned, non-blocking)."""
+        t = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def _fold_batch(
+        self,
+        x: torch.Tensor,
+        wts: torch.Tensor | None,
+        records: Sequence[tuple[int, int, int, int, float]],
+    ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]:
+        """State columns of every device row, sketch additions and error codes of a batch."""
+        for row in {r for r, *_ in records}:
+            if self.specs[row].needs_sketch:
+                self._sketch_index(row)
+        return fold_batch(
+            self.device,
+            self.specs,
+            x,
+            wts,
+            records,
+            self.sketch_rows,
+            self._sketch_count,
+            self.upload,
+        )
+
+    def snapshot(self) -> Snapshot:
+        """The state with every pending record folded in, on the host: one device-to-host copy
+        (none when nothing was recorded since the last one).
+
+        Changes nothing, so observing leaves later results exactly as they would be.
+        """
+        key = (len(self._records), self._used, len(self.slots), self._commits)
+        if self._seen is not None and self._seen[0] == key:
+            return self._seen[1]
+        snap = self._snapshot()
+        self._seen = (key, snap)
+        return snap
+
+    def _snapshot(self) -> Snapshot:
+        state, sketch, bad = self.state, self.sketch, self.bad
+        if self._records:
+            assert self._vals is not None
+            w = self._wts[: self._used] if self._wts is not None else None
+            cols, more_cells, more_bad = self._fold_batch(
+                self._vals[: self._used], w, self._records
+            )
+            state = al.merge(self._grown(state, al.IDENTITY), cols, torch)
+            sketch = {acc: t for acc, t in sketch.items() if acc not in more_cells} | {
+                acc: self._grown_sketch(acc) + c for acc, c in more_cells.items()
+            }
+            bad = torch.maximum(self._grown(bad, None), more_bad)
+        parts = [state.reshape(-1), bad] + [sketch[acc].reshape(-1) for acc in sorted(sketch)]
+        flat = torch.cat(parts).cpu().numpy()
+        k = len(self.slots)
+        host_cols = flat[: al.NCOL_ALL * k].reshape(al.NCOL_ALL, k)
+        errors = flat[al.NCOL_ALL * k : (al.NCOL_ALL + 1) * k]
+        offset = (al.NCOL_ALL + 1) * k
+        blocks = {}
+        for acc in sorted(sketch):
+            size = sketch[acc].numel()
+            blocks[acc] = flat[offset : offset + size].reshape(tuple(sketch[acc].shape))
+            offset += size
+        cells: dict[int, np.ndarray] = {}
+        for row, (acc, index) in self.sketch_rows.items():
+            if acc in blocks and index < blocks[acc].shape[0]:
+                cells[self.slots[row]] = blocks[acc][index]
+        return list(self.slots), host_cols, cells, errors
+
+    def clear_errors(self) -> None:
+        """Forget reported errors (their records were left out) after folding what is pending."""
+        self.commit()
+        self.bad = torch.zeros_like(self.bad)
+        self._commits += 1

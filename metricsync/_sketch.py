@@ -56,11 +56,14 @@ __all__ = [
     "MAX_MAGNITUDE",
     "MIN_MAGNITUDE",
     "SketchLayout",
+    "cells_numpy",
+    "cells_torch",
     "clamped_count",
     "ingest_numpy",
     "ingest_torch",
     "query",
     "sketch_layout",
+    "window",
 ]
 
 MIN_MAGNITUDE = 1e-16  #: smallest magnitude every layout resolves to accuracy ``a``
@@ -180,46 +183,50 @@ def ingest_numpy(
     (np.float64(1.0), np.float64(2.5), np.float64(1.0))
     """
     x = np.asarray(values).ravel()
-    if x.dtype.kind not in "fiub":
-        raise TypeError(f"sketch values must be real numbers, got dtype {x.dtype}")
-    if x.dtype not in (np.float32, np.float64):
-        x = x.astype(np.float64)
     w = None
     if weights is not None:
         w = np.broadcast_to(np.asarray(weights, dtype=np.float64), np.shape(values)).ravel()
-    n = min(x.size, _CHUNK)
-    scratch = (np.empty(n, x.dtype), np.empty(n), np.empty(n, np.intp))
     counts = np.zeros(layout.n_cells)
     for start in range(0, x.size, _CHUNK):  # chunks keep the temporaries in cache
         stop = start + _CHUNK
-        counts += _ingest_chunk(
-            layout, x[start:stop], None if w is None else w[start:stop], scratch
-        )
+        part = None if w is None else w[start:stop]
+        cell, clamped = cells_numpy(layout, x[start:stop])
+        counts += np.bincount(cell, part, minlength=layout.n_cells)
+        if clamped is not None:
+            counts[layout.clamped_cell] += (
+                np.count_nonzero(clamped) if part is None else part[clamped].sum()
+            )
     return counts
 
 
 _CHUNK = 1 << 16
 
 
-def _ingest_chunk(
-    layout: SketchLayout,
-    x: np.ndarray,
-    w: np.ndarray | None,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
-) -> np.ndarray:
-    """Cells of one chunk of float32/float64 samples, using ``scratch`` buffers."""
+def cells_numpy(layout: SketchLayout, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The cell of every sample of a 1-D array, and the mask of clamped samples (None if none).
+
+    >>> layout = sketch_layout()
+    >>> cell, clamped = cells_numpy(layout, np.array([-1.0, 0.0, 1e40]))
+    >>> cell.tolist() == [layout.zero_cell - 1 + layout.min_index, layout.zero_cell, 2 * layout.n_buckets + 1], clamped.tolist()
+    (True, [False, False, True])
+    """
+    x = values
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"sketch values must be real numbers, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
     lo, hi, zero = layout.min_index, layout.max_index, layout.zero_cell
     # Clip |x| to half a bucket beyond the covered range (NaN and 0 -> low end,
     # inf -> high end) so that k = ceil(log_gamma |x|) is finite and in-range
-    # values keep exactly the k of the unclipped formula that ingest_torch uses.
-    smallest = x.min()  # NaN if any sample is NaN
+    # values keep exactly the k of the unclipped formula that cells_torch uses.
+    smallest = x.min() if x.size else 0.0  # NaN if any sample is NaN
     tiny, huge = math.exp((lo - 1.5) * layout.ln_gamma), math.exp((hi + 0.5) * layout.ln_gamma)
-    a = np.abs(x, out=scratch[0][: x.size])
+    a = np.abs(x)
     if smallest >= 0 or smallest < 0:
         np.clip(a, tiny, huge, out=a)
     else:  # fmax/fmin send NaN to the low end; clip would keep it
         np.fmin(np.fmax(a, tiny, out=a), huge, out=a)
-    k = np.log(a, out=scratch[1][: x.size], dtype=np.float64)
+    k = np.log(a, dtype=np.float64)
     k *= 1.0 / layout.ln_gamma
     np.ceil(k, out=k)
     # cell = zero + sign(x) * (k - lo + 1): zeros, NaN and tiny values land on the
@@ -230,24 +237,21 @@ def _ingest_chunk(
         k -= lo - 1
         np.copysign(k, x, out=k)
         k += zero
-    cell = scratch[2][: x.size]
-    np.copyto(cell, k, casting="unsafe")
-    counts = np.bincount(cell, w, minlength=layout.n_cells)
-    ends = (layout.neg_inf_cell, layout.pos_inf_cell)
-    if counts[zero] == 0 and counts[ends[0]] == 0 and counts[ends[1]] == 0:
-        return counts
-    # Some sample hit a sentinel. Exact zeros are where they belong; NaN, infinities
-    # and out-of-range magnitudes get their exact cells (a pass over those only).
+    cell = k.astype(np.intp)
     special = (cell == zero) & (x != 0)
-    special |= cell == ends[0]
-    special |= cell == ends[1]
+    special |= cell == layout.neg_inf_cell
+    special |= cell == layout.pos_inf_cell
     idx = np.flatnonzero(special)
     if idx.size == 0:
-        return counts
-    cell[idx], clamped = _exact_cells(layout, x[idx].astype(np.float64))
-    counts = np.bincount(cell, w, minlength=layout.n_cells)
-    counts[layout.clamped_cell] = np.count_nonzero(clamped) if w is None else w[idx][clamped].sum()
-    return counts
+        return cell, None
+    # Some sample hit a sentinel. Exact zeros are where they belong; NaN, infinities
+    # and out-of-range magnitudes get their exact cells (a pass over those only).
+    cell[idx], clamped_at = _exact_cells(layout, x[idx].astype(np.float64))
+    if not clamped_at.any():
+        return cell, None
+    clamped = np.zeros(len(x), dtype=bool)
+    clamped[idx[clamped_at]] = True
+    return cell, clamped
 
 
 def _exact_cells(layout: SketchLayout, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +273,7 @@ def ingest_torch(
     """Sketch a tensor into ``(n_cells,)`` float64 cells on ``values.device``.
 
     Same cells as :func:`ingest_numpy` for the same data, computed in float64
-    with torch ops and ``scatter_add_``; it never reads the device from the
+    with torch ops and ``index_add_``; it never reads the device from the
     host (no ``.item()``, masks or data-dependent branches), so it runs on
     CUDA without a sync and on the ``meta`` device.
 
@@ -284,28 +288,32 @@ def ingest_torch(
     import torch
 
     x = values.detach().reshape(-1)
-    if not x.is_floating_point():  # a dtype check reads metadata only, never the data
-        x = x.to(torch.float64)
+    cell, clamped = cells_torch(layout, x)
+    if weights is None:
+        w = torch.ones(1, dtype=torch.float64, device=x.device).expand_as(cell)
+    else:
+        w = torch.broadcast_to(weights.detach().to(x.device), values.shape).reshape(-1)
+        w = w.to(torch.float64)
+    out = torch.zeros(layout.n_cells, dtype=torch.float64, device=x.device)
+    out.index_add_(0, cell, w)
+    out[layout.clamped_cell] += torch.where(clamped, w, 0.0).sum()
+    return out
+
+
+def cells_torch(layout: SketchLayout, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell (int64) of every sample of a 1-D tensor and the mask of clamped ones, on its device."""
+    import torch
+
     lo, hi = layout.min_index, layout.max_index
-    raw = x.to(torch.float64, copy=True).abs_().log_().mul_(1.0 / layout.ln_gamma).ceil_()
+    raw = values.to(torch.float64, copy=True).abs_().log_().mul_(1.0 / layout.ln_gamma).ceil_()
     finite = torch.isfinite(raw)  # raw = ceil(log_gamma |x|) is finite for finite nonzero x
     under, over = finite & (raw < lo), finite & (raw > hi)
     # Zeros (raw = -inf) sit one step below the smallest bucket: the zero cell;
     # infinities one step above the largest: the +-inf cells. NaN stays NaN.
     cell = raw.clamp_(lo - 1, hi + 1).masked_fill_(under, lo).masked_fill_(over, hi)
-    cell = cell.sub_(lo - 1).copysign_(x).add_(layout.zero_cell)
+    cell = cell.sub_(lo - 1).copysign_(values.to(torch.float64)).add_(layout.zero_cell)
     cell = cell.nan_to_num_(nan=layout.nan_cell).to(torch.int64)
-    clamped = under.logical_or_(over)
-    out = torch.zeros(layout.n_cells, dtype=torch.float64, device=x.device)
-    if weights is None:
-        out.scatter_add_(0, cell, torch.ones(1, dtype=out.dtype, device=x.device).expand_as(cell))
-        out[layout.clamped_cell] = torch.count_nonzero(clamped)
-    else:
-        w = torch.broadcast_to(weights.detach().to(x.device), values.shape).reshape(-1)
-        w = w.to(torch.float64)
-        out.scatter_add_(0, cell, w)
-        out[layout.clamped_cell] = torch.where(clamped, w, 0.0).sum()
-    return out
+    return cell, under.logical_or_(over)
 
 
 @cache
@@ -324,26 +332,36 @@ def query(
     qs: Sequence[float],
     vmin: npt.ArrayLike,
     vmax: npt.ArrayLike,
+    method: str = "inverted_cdf",
 ) -> np.ndarray:
     """Quantiles ``qs`` of ``m`` sketches at once: ``cells`` (m, n_cells) -> (m, len(qs)).
 
-    Rank convention: with total weight ``W``, quantile ``q`` answers for the
-    first sample ``x_(j)`` in sorted order whose cumulative weight reaches
-    ``q * W``. Unweighted, that is ``j = ceil(q*n) - 1``, which is always
-    ``floor(q*(n-1))`` or ``ceil(q*(n-1))``, the two samples ``np.quantile``
-    interpolates between. The answer is the representative of ``x_(j)``'s
-    bucket, within relative error ``accuracy`` of ``x_(j)`` (exact for zeros
-    and infinities; unbounded for clamped samples), then clipped into the
-    exact ``[vmin, vmax]`` the caller tracks; ``q = 0`` and ``q = 1`` return
-    ``vmin`` and ``vmax`` exactly. Rows with zero total weight, or any weight
-    on NaN, give NaN. A 1-D ``cells`` gives a 1-D result.
+    With total weight ``W`` and ``x_(j)`` the sample at cumulative weight
+    position ``j`` (the first one whose cumulative weight exceeds ``j``):
+
+    - ``"inverted_cdf"`` (nearest rank): the first sample whose cumulative
+      weight reaches ``q * W``; unweighted, ``x_(ceil(q*n) - 1)``;
+    - ``"linear"`` (numpy's default): with ``h = q * (W - 1)``,
+      ``x_(floor h) + (h - floor h) * (x_(ceil h) - x_(floor h))``.
+
+    Each ``x_(j)`` is the representative of its bucket, within relative error
+    ``accuracy`` (exact for zeros and infinities; unbounded for clamped
+    samples), so a ``linear`` answer between two samples of one sign is within
+    ``accuracy`` of numpy's too. Answers are clipped into the exact
+    ``[vmin, vmax]`` the caller tracks; ``q = 0`` and ``q = 1`` return them
+    exactly. Rows with zero total weight, or any weight on NaN, give NaN. A
+    1-D ``cells`` gives a 1-D result.
 
     >>> layout = sketch_layout()
     >>> cells = np.stack([ingest_numpy(layout, np.arange(1.0, 101.0)), np.zeros(layout.n_cells)])
     >>> query(layout, cells, [0.0, 0.5, 0.99, 1.0], np.array([1.0, 0.0]), np.array([100.0, 0.0])).round(2)
     array([[  1. ,  49.9,  98.5, 100. ],
            [  nan,   nan,   nan,   nan]])
+    >>> query(layout, cells[0], [0.5], 1.0, 100.0, method="linear").round(2)
+    array([50.41])
     """
+    if method not in ("inverted_cdf", "linear"):
+        raise ValueError(f"method must be 'inverted_cdf' or 'linear', got {method!r}")
     c = np.asarray(cells, dtype=np.float64)
     if c.shape[-1:] != (layout.n_cells,) or c.ndim > 2:
         raise ValueError(f"sketch cells must have shape (m, {layout.n_cells}), got {c.shape}")
@@ -357,16 +375,44 @@ def query(
     cum = np.cumsum(c[:, : layout.nan_cell], axis=1)
     total = cum[:, -1]
     reps = _representatives(layout)
+    last = layout.nan_cell - 1
     out = np.empty((c.shape[0], q.size))
-    for j, qj in enumerate(q):
-        first = np.count_nonzero(cum < (qj * total)[:, None], axis=1)
-        out[:, j] = reps[np.minimum(first, layout.nan_cell - 1)]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j, qj in enumerate(q):
+            if method == "inverted_cdf":
+                first = np.count_nonzero(cum < (qj * total)[:, None], axis=1)
+                out[:, j] = reps[np.minimum(first, last)]
+                continue
+            h = np.maximum(qj * (total - 1.0), 0.0)
+            below = np.floor(h)
+            frac = np.where(np.isfinite(h), h - below, 0.0)  # infinite weights: no step
+            x0 = reps[np.minimum(np.count_nonzero(cum <= below[:, None], axis=1), last)]
+            x1 = reps[np.minimum(np.count_nonzero(cum <= (below + 1.0)[:, None], axis=1), last)]
+            step = np.where(frac > 0, x1 - x0, 0.0)  # inf - inf: no step to take
+            out[:, j] = x0 + frac * step
         out = np.minimum(np.maximum(out, lo[:, None]), hi[:, None])
     out[:, q == 0.0] = lo[:, None]
     out[:, q == 1.0] = hi[:, None]
     out[(total <= 0) | (c[:, layout.nan_cell] != 0)] = np.nan
     return out[0] if one_row else out
+
+
+def window(layout: SketchLayout, vmin: float, vmax: float) -> tuple[int, int]:
+    """The cells ``[lo, hi)`` that samples within ``[vmin, vmax]`` can occupy.
+
+    Every rank computes the same window from the global extremes, so a sync
+    sends only these cells (plus the four side cells past ``pos_inf_cell - 1``:
+    ``-inf`` at 0 is inside when ``vmin`` is ``-inf``).
+
+    >>> layout = sketch_layout()
+    >>> lo, hi = window(layout, 16.0, 4096.0)
+    >>> hi - lo  # two decades at 1%: 278 cells, 2.2 KB
+    278
+    """
+    if not (vmin <= vmax):  # NaN or no samples: only the side cells
+        return layout.pos_inf_cell, layout.pos_inf_cell
+    ends, _ = cells_numpy(layout, np.array([vmin, vmax], dtype=np.float64))
+    return int(ends[0]), int(ends[1]) + 1
 
 
 def clamped_count(layout: SketchLayout, cells: np.ndarray) -> np.ndarray:

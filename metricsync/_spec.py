@@ -22,12 +22,26 @@ from typing import Any
 
 from ._errors import SpecMismatchError
 
-__all__ = ["ACROSS_MODES", "NAN_POLICIES", "PLAIN_STATS", "Spec", "SpecTable", "quantile_of"]
+__all__ = [
+    "ACROSS_MODES",
+    "MAX_FMT_NUMBER",
+    "MAX_STATS",
+    "NAN_POLICIES",
+    "PLAIN_STATS",
+    "QUANTILE_METHODS",
+    "Spec",
+    "SpecTable",
+    "quantile_of",
+]
 
 PLAIN_STATS = ("mean", "sum", "count", "min", "max", "last", "std", "var")
-ACROSS_MODES = ("exact", "mean", "sum", "min", "max")
+ACROSS_MODES = ("exact", "mean", "sum", "min", "max", "first")
 NAN_POLICIES = ("propagate", "ignore", "error")
-_QUANTILE = re.compile(r"p(\d{1,3}(?:\.\d+)?)")
+QUANTILE_METHODS = ("linear", "inverted_cdf")
+MAX_STATS = 32  #: statistics one spec may ask for (bounds the work of compute() per metric)
+MAX_FMT_NUMBER = 100  #: largest width or precision a format spec may ask for
+_QUANTILE = re.compile(r"p(\d{1,3}(?:\.\d{1,6})?)")
+_FMT_NUMBER = re.compile(r"\d+")
 
 
 def quantile_of(stat: str) -> float | None:
@@ -50,6 +64,12 @@ def _check_fmt(fmt: str | None) -> str | None:
         return None
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a format spec string like '.3f' or None, got {fmt!r}")
+    if len(fmt) > 40 or any(
+        len(digits) > 3 or int(digits) > MAX_FMT_NUMBER for digits in _FMT_NUMBER.findall(fmt)
+    ):
+        raise ValueError(
+            f"fmt {fmt[:40]!r} asks for a width or precision above the limit of {MAX_FMT_NUMBER}"
+        )
     try:
         format(1.5, fmt)
     except (ValueError, TypeError) as exc:
@@ -67,12 +87,26 @@ class Spec:
         reduce: one statistic or a tuple of them: ``mean``, ``sum``, ``count``,
             ``min``, ``max``, ``last``, ``std``, ``var`` or a quantile ``pNN``.
         across: ``"exact"`` pools every sample of every rank; ``"mean"``,
-            ``"sum"``, ``"min"``, ``"max"`` combine each rank's own result.
+            ``"sum"``, ``"min"``, ``"max"`` combine each rank's own result;
+            ``"first"`` keeps the result of the lowest-ranked holder (in
+            ``merge``, the left-most operand holding samples).
         fmt: a format spec without braces (``".3f"``), or None for adaptive.
         nan: ``"propagate"``, ``"ignore"`` (drop non-finite samples and count
             them) or ``"error"`` (raise ``ValueError``).
         accuracy: relative accuracy of the quantile sketch; specs without a quantile
             between p0 and p100 ignore it (it reads back as the default 0.01).
+        ddof: delta degrees of freedom of ``var`` and ``std``: the second moment
+            is divided by ``W - ddof``, where ``W`` is the sum of weights (the
+            number of samples when unweighted). 0 (population, numpy's default)
+            or 1 (torch's default). Weights act as frequency weights.
+        quantile_method: ``"linear"`` (numpy's default: linear interpolation
+            between the two order statistics around ``q * (W - 1)``) or
+            ``"inverted_cdf"`` (nearest rank: the first sample whose cumulative
+            weight reaches ``q * W``). Either is estimated from the sketch
+            within its relative accuracy.
+        argrank: also report ``name/max_rank`` and ``name/min_rank``, the rank
+            that held the largest and smallest sample (lowest rank on ties),
+            known after ``sync``; a straggler view for ``timing/*``.
 
     >>> spec = Spec(("mean", "p99"), fmt=".0f")
     >>> spec.reduce, spec.across, spec.quantiles
@@ -83,7 +117,19 @@ class Spec:
     ValueError: unknown statistic 'median': expected one of mean, sum, count, min, max, last, std, var or a quantile like p50, p99.9
     """
 
-    __slots__ = ("_key", "accuracy", "across", "fmt", "nan", "quantiles", "reduce")
+    __slots__ = (
+        "_key",
+        "accuracy",
+        "across",
+        "argrank",
+        "ddof",
+        "fmt",
+        "nan",
+        "needs_sketch",
+        "quantile_method",
+        "quantiles",
+        "reduce",
+    )
 
     _key: tuple[Any, ...]
     reduce: tuple[str, ...]
@@ -92,6 +138,10 @@ class Spec:
     nan: str
     accuracy: float
     quantiles: tuple[float, ...]
+    ddof: int
+    quantile_method: str
+    argrank: bool
+    needs_sketch: bool  #: whether a statistic is a quantile strictly between p0 and p100
 
     def __init__(
         self,
@@ -101,10 +151,17 @@ class Spec:
         fmt: str | None = None,
         nan: str = "propagate",
         accuracy: float = 0.01,
+        ddof: int = 0,
+        quantile_method: str = "linear",
+        argrank: bool = False,
     ) -> None:
         stats = (reduce,) if isinstance(reduce, str) else tuple(reduce)
         if not stats:
             raise ValueError("reduce must name at least one statistic")
+        if len(stats) > MAX_STATS:
+            raise ValueError(
+                f"reduce names {len(stats)} statistics; a spec may ask for at most {MAX_STATS}"
+            )
         for stat in stats:
             if not isinstance(stat, str):
                 raise TypeError(f"statistics are strings like 'mean' or 'p99', got {stat!r}")
@@ -122,13 +179,25 @@ class Spec:
         accuracy = float(accuracy)
         if not (0.0 < accuracy < 1.0) or math.isnan(accuracy):
             raise ValueError(f"accuracy must lie in (0, 1), got {accuracy!r}")
+        if isinstance(ddof, bool) or not isinstance(ddof, int) or not 0 <= ddof <= 1000:
+            raise ValueError(f"ddof must be an int in [0, 1000] (0 or 1 usually), got {ddof!r}")
+        if quantile_method not in QUANTILE_METHODS:
+            raise ValueError(
+                f"quantile_method must be one of {QUANTILE_METHODS}, got {quantile_method!r}"
+            )
+        if not isinstance(argrank, bool):
+            raise TypeError(f"argrank must be True or False, got {argrank!r}")
         quantiles = tuple(q for q in (quantile_of(s) for s in stats) if q is not None)
-        if any(0.0 < q < 1.0 for q in quantiles):
+        needs_sketch = any(0.0 < q < 1.0 for q in quantiles)
+        if needs_sketch:
             from ._sketch import sketch_layout
 
             sketch_layout(accuracy)  # ValueError now, not at the first record, if it cannot fit
         else:
-            accuracy = 0.01  # meaningless without a sketch: never a reason for two specs to differ
+            # meaningless without a sketch: never a reason for two specs to differ
+            accuracy, quantile_method = 0.01, "linear"
+        if not {"var", "std"} & set(stats):
+            ddof = 0
         setattr_ = object.__setattr__
         setattr_(self, "reduce", stats)
         setattr_(self, "across", across)
@@ -136,7 +205,19 @@ class Spec:
         setattr_(self, "nan", nan)
         setattr_(self, "accuracy", accuracy)
         setattr_(self, "quantiles", quantiles)
-        setattr_(self, "_key", (stats, across, self.fmt, nan, accuracy))
+        setattr_(self, "ddof", ddof)
+        setattr_(self, "quantile_method", quantile_method)
+        setattr_(self, "argrank", argrank)
+        setattr_(self, "needs_sketch", needs_sketch)
+        extras: dict[str, Any] = {}
+        if ddof:
+            extras["ddof"] = ddof
+        if quantile_method != "linear":
+            extras["quantile_method"] = quantile_method
+        if argrank:
+            extras["argrank"] = True
+        key = (stats, across, self.fmt, nan, accuracy)
+        setattr_(self, "_key", (*key, tuple(sorted(extras.items()))) if extras else key)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Spec is immutable")
@@ -158,36 +239,60 @@ class Spec:
             parts.append(f"nan={self.nan!r}")
         if self.accuracy != 0.01:
             parts.append(f"accuracy={self.accuracy!r}")
+        if self.ddof:
+            parts.append(f"ddof={self.ddof!r}")
+        if self.quantile_method != "linear":
+            parts.append(f"quantile_method={self.quantile_method!r}")
+        if self.argrank:
+            parts.append("argrank=True")
         return f"Spec({', '.join(parts)})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_spec_from_json, (self.to_json(),))
 
-    @property
-    def needs_sketch(self) -> bool:
-        """Whether any statistic is a quantile strictly between p0 and p100."""
-        return any(0.0 < q < 1.0 for q in self.quantiles)
-
     def output_keys(self, name: str) -> tuple[str, ...]:
-        """The keys ``compute()`` reports for a metric called ``name``."""
+        """The keys of the statistics in ``reduce``: the bare name for one, ``name/stat`` for several."""
         if len(self.reduce) == 1:
             return (name,)
         return tuple(f"{name}/{stat}" for stat in self.reduce)
 
+    def extra_keys(self, name: str) -> tuple[str, ...]:
+        """Keys ``compute()`` may add beyond the statistics: extreme ranks, dropped NaN.
+
+        >>> Spec("max", argrank=True, nan="ignore").extra_keys("timing/step")
+        ('timing/step/max_rank', 'timing/step/min_rank', 'timing/step/nan_dropped')
+        """
+        keys: tuple[str, ...] = ()
+        if self.argrank:
+            keys += (f"{name}/max_rank", f"{name}/min_rank")
+        if self.nan == "ignore":
+            keys += (f"{name}/nan_dropped",)
+        return keys
+
     def to_json(self) -> str:
         """A canonical JSON text of this spec (stable across processes)."""
-        return json.dumps(list(self._key), separators=(",", ":"))
+        key = list(self._key)
+        if len(key) == 6:  # options beyond the first five, only when set
+            key[5] = dict(key[5])
+        return json.dumps(key, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Spec:
         """Rebuild a spec from :meth:`to_json` output; ``ValueError`` if it is not one."""
         data = json.loads(text)
-        if not (isinstance(data, list) and len(data) == 5):
+        if not (isinstance(data, list) and len(data) in (5, 6)):
             raise ValueError(f"not a spec: {text[:80]!r}")
-        stats, across, fmt, nan, accuracy = data
-        if not isinstance(stats, list) or not isinstance(accuracy, (int, float)):
+        stats, across, fmt, nan, accuracy = data[:5]
+        extras = data[5] if len(data) == 6 else {}
+        if (
+            not isinstance(stats, list)
+            or not isinstance(accuracy, (int, float))
+            or not isinstance(extras, dict)
+            or (not extras and len(data) == 6)
+            or not set(extras) <= {"ddof", "quantile_method", "argrank"}
+        ):
             raise ValueError(f"not a spec: {text[:80]!r}")
-        return cls(tuple(stats), across=across, fmt=fmt, nan=nan, accuracy=accuracy)
+        return cls(tuple(stats), across=across, fmt=fmt, nan=nan, accuracy=accuracy, **extras)
 
 
 def _spec_from_json(text: str) -> Spec:
@@ -229,6 +334,18 @@ class SpecTable:
 
     def add(self, key: str, spec: Spec) -> None:
         """Add a rule; ``SpecMismatchError`` if the same key already has another spec."""
+        if self._put(key, spec) and self.is_glob(key):
+            self._sort_globs()
+
+    def add_all(self, rules: list[tuple[str, Spec]]) -> None:
+        """Add many rules, sorting the globs once; a key given twice raises ``ValueError``."""
+        if len({key for key, _ in rules}) != len(rules):
+            raise ValueError("a rule is given twice")
+        if any([self._put(key, spec) and self.is_glob(key) for key, spec in rules]):
+            self._sort_globs()
+
+    def _put(self, key: str, spec: Spec) -> bool:
+        """Store a rule without sorting the globs; whether it is new."""
         if not isinstance(key, str) or not key:
             raise TypeError(f"a metric name or glob must be a non-empty string, got {key!r}")
         if not isinstance(spec, Spec):
@@ -239,16 +356,19 @@ class SpecTable:
                 f"{key!r} is already defined as {old!r}; cannot redefine as {spec!r}"
             )
         if old is not None:
-            return
+            return False
         if self._shared:  # detach from the tables this one was copied from or to
             self._exact, self._globs = dict(self._exact), dict(self._globs)
             self._ordered_globs = list(self._ordered_globs)
             self._shared = False
         if self.is_glob(key):
             self._globs[key] = spec
-            self._ordered_globs = sorted(self._globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
         else:
             self._exact[key] = spec
+        return True
+
+    def _sort_globs(self) -> None:
+        self._ordered_globs = sorted(self._globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
 
     def resolve(self, name: str) -> Spec:
         """The spec for ``name``: exact rule, else the longest matching glob, else ``Spec()``."""

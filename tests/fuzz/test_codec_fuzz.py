@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _state as state
+from metricsync import _algebra as state
 from metricsync._sketch import sketch_layout
 
 HEAD = struct.Struct("<4sHHIQ")

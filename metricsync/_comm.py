@@ -1,0 +1,103 @@
+"""The collectives of one sync: numpy buffers through a process group, under one deadline.
+
+:class:`Comm` moves host arrays through the group's device (the CPU for
+gloo, the current CUDA device for NCCL), waits for each collective with
+whatever remains of the sync's deadline, and turns the backend's failures,
+and only those, into :class:`~metricsync.SyncError`. Once a collective has
+failed the group's collectives are out of step (a peer may still be inside
+the one we abandoned), so the group is marked broken: later syncs on it raise
+at once and never enter a collective.
+
+>>> import numpy as np
+>>> remaining(None) is None
+True
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ._errors import SyncError
+from ._layout import GroupState
+
+__all__ = ["Comm", "remaining"]
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (a ``time.monotonic`` value), or None without one."""
+    return None if deadline is None else deadline - time.monotonic()
+
+
+class Comm:
+    """Collectives of one sync on ``group``; see the module docstring."""
+
+    def __init__(
+        self, dist: Any, group: Any, deadline: float | None, state: GroupState, device: Any
+    ) -> None:
+        self.dist = dist
+        self.group = group
+        self.deadline = deadline
+        self.state = state
+        self.device = device
+        self.host = device.type == "cpu"
+        self.count = 0
+        self.bytes_sent = 0
+
+    def _fail(self, what: str, exc: BaseException | None) -> SyncError:
+        reason = f"{what} did not complete" + (f": {exc}" if exc is not None else "")
+        self.state.broken = f"an earlier sync failed ({reason})"
+        return SyncError(f"metricsync sync: {reason}")
+
+    def _wait(self, work: Any, what: str) -> None:
+        left = remaining(self.deadline)
+        if left is not None and left <= 0:
+            raise self._fail(what, TimeoutError("the sync's timeout ran out"))
+        try:
+            if left is None:
+                work.wait()
+            else:
+                work.wait(timeout=timedelta(seconds=left))
+        except Exception as exc:  # the backend's timeout, or a peer that went away
+            raise self._fail(what, exc) from exc
+
+    def _start(self, fn: Any, what: str, *args: Any) -> Any:
+        left = remaining(self.deadline)
+        if left is not None and left <= 0:
+            raise self._fail(what, TimeoutError("the sync's timeout ran out"))
+        self.count += 1
+        try:
+            return fn(*args, group=self.group, async_op=True)
+        except Exception as exc:
+            raise self._fail(what, exc) from exc
+
+    def _tensor(self, array: np.ndarray) -> Any:
+        import torch
+
+        t = torch.from_numpy(array)
+        return t if self.host else t.to(self.device)
+
+    def _array(self, tensor: Any) -> np.ndarray:
+        result: np.ndarray = tensor.numpy() if self.host else tensor.cpu().numpy()
+        return result
+
+    def all_gather(self, array: np.ndarray, world: int, what: str) -> np.ndarray:
+        """Every rank's ``array`` (equal shapes on every rank), stacked by rank."""
+        import torch
+
+        mine = self._tensor(np.ascontiguousarray(array))
+        out = torch.empty(world * mine.numel(), dtype=mine.dtype, device=mine.device)
+        gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
+        self.bytes_sent += array.nbytes
+        self._wait(self._start(gather, what, out, mine), what)
+        return self._array(out).reshape(world, *array.shape)
+
+    def all_reduce(self, array: np.ndarray, op: Any, what: str) -> np.ndarray:
+        """``array`` reduced with ``op`` over every rank (in place for host buffers)."""
+        t = self._tensor(np.ascontiguousarray(array))
+        self.bytes_sent += array.nbytes
+        self._wait(self._start(self.dist.all_reduce, what, t, op), what)
+        return self._array(t)

@@ -1,0 +1,169 @@
+"""The device fold: every pending record of one device reduced at once, on the device.
+
+The records' rows, lengths, weight kinds and times (plus each row's NaN
+policy and the identity state) go to the device in one small pinned,
+non-blocking copy. Each element then learns its record and row through
+``repeat_interleave`` (with the output size given, so nothing is read back),
+and each needed state column is one segment reduction over rows
+(``index_add_`` for sums, ``scatter_reduce_`` for extremes and the position
+of the latest sample). Sketch cells go through one ``index_add_`` per
+accuracy. The number of ops depends on the columns the metrics need, not on
+the number of records or metrics.
+
+>>> import torch
+>>> from metricsync._device import DeviceState
+>>> from metricsync._spec import Spec
+>>> state = DeviceState(torch.device("cpu"))
+>>> state.add(0, Spec(("mean", "max")), torch.tensor([1.0, 5.0]), None, None, now=1.0)
+>>> slots, cols, cells, bad = state.snapshot()
+>>> cols[[0, 1, 2], 0].tolist()
+[2.0, 6.0, 5.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _algebra as al
+from ._sketch import cells_torch, sketch_layout
+from ._spec import Spec
+
+__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "fold_batch"]
+
+_F64 = torch.float64
+BAD_WEIGHT, BAD_MASK, BAD_NAN = 1.0, 2.0, 3.0  #: error codes of a row, the larger wins
+_POLICY = {"propagate": 0.0, "ignore": 1.0, "error": 2.0}
+
+
+def fold_batch(
+    device: torch.device,
+    specs: Sequence[Spec],
+    x: torch.Tensor,
+    wts: torch.Tensor | None,
+    records: Sequence[tuple[int, int, int, int, float]],
+    sketch_of: Mapping[int, tuple[float, int]],
+    sketch_rows: Mapping[float, int],
+    upload: Callable[[np.ndarray], torch.Tensor],
+) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]:
+    """``(cols (NCOL_ALL, rows), {accuracy: sketch additions}, error code per row)``.
+
+    ``records`` are ``(row, start, n, kind, stamp)``, contiguous from ``x[0]``;
+    ``kind`` 0 means unweighted, 1 a weight (checked finite and >= 0), 2 a
+    mask alone (checked 0/1). ``sketch_of`` maps rows with a sketch to
+    ``(accuracy, index)``; ``sketch_rows`` gives each accuracy's row count.
+    """
+    n_rows, r, n = len(specs), len(records), x.numel()
+    rec = np.array(records, dtype=np.float64).reshape(r, 5).T
+    rows_here = sorted({int(v) for v in rec[0]})
+    used = [specs[i] for i in rows_here]
+    need = set().union(*(al.needed_columns(s) for s in used))
+    accs = sorted({sketch_of[row][0] for row in rows_here if row in sketch_of})
+    sketch_maps = [np.full(n_rows, -1.0) for _ in accs]
+    for row, (acc, index) in sketch_of.items():
+        sketch_maps[accs.index(acc)][row] = index
+    policies = np.array([_POLICY[s.nan] for s in specs])
+    host = np.concatenate([rec[0], rec[2], rec[3], rec[4], policies, al.IDENTITY, *sketch_maps])
+    meta = upload(host)
+    rec_row, rec_len = meta[:r].long(), meta[r : 2 * r].long()
+    rec_kind, rec_stamp = meta[2 * r : 3 * r], meta[3 * r : 4 * r]
+    policy = meta[4 * r : 4 * r + n_rows]
+    ident = meta[4 * r + n_rows : 4 * r + n_rows + al.NCOL_ALL]
+    maps = meta[4 * r + n_rows + al.NCOL_ALL :].reshape(len(accs), n_rows)
+    elem_rec = torch.repeat_interleave(torch.arange(r, device=device), rec_len, output_size=n)
+    elem_row = rec_row[elem_rec]
+    x = x.to(_F64)
+
+    # value checks: a failing record is left out and its row flagged
+    code = None
+    w = None
+    if wts is not None and rec[3].any():
+        kind = rec_kind[elem_rec]
+        w = torch.where(kind > 0, wts, 1.0)
+        bad_w = (kind == 1) & ((w < 0) | ~torch.isfinite(w))
+        bad_m = (kind == 2) & (w != 0) & (w != 1)
+        code = torch.where(bad_w, BAD_WEIGHT, torch.where(bad_m, BAD_MASK, 0.0))
+    has_policy = {s.nan for s in used} - {"propagate"}
+    nonfinite = ~torch.isfinite(x) if has_policy else None
+    pol = policy[elem_row] if has_policy else None
+    positive = None if w is None else w > 0
+    if "error" in has_policy:
+        assert nonfinite is not None and pol is not None
+        bad_n = (pol == 2) & nonfinite
+        bad_n = bad_n if positive is None else bad_n & positive
+        code = torch.where(bad_n, BAD_NAN, 0.0 if code is None else code)
+    bad = torch.zeros(n_rows, dtype=_F64, device=device)
+    keep = positive
+    if code is not None:
+        rec_code = torch.zeros(r, dtype=_F64, device=device).scatter_reduce_(
+            0, elem_rec, code.to(_F64), "amax"
+        )
+        bad = bad.scatter_reduce_(0, rec_row, rec_code, "amax")
+        ok = rec_code[elem_rec] == 0
+        keep = ok if keep is None else keep & ok
+    drop = None
+    if "ignore" in has_policy:
+        assert nonfinite is not None and pol is not None
+        drop = (pol == 1) & nonfinite
+        drop = drop if keep is None else drop & keep
+        keep = ~drop if keep is None else keep & ~drop
+    w_eff = None if keep is None else keep.to(_F64) if w is None else torch.where(keep, w, 0.0)
+    x0 = x if keep is None else torch.where(keep, x, 0.0)
+
+    cols: list[Any] = [ident[i].expand(n_rows) for i in range(al.NCOL_ALL)]
+    zeros = torch.zeros(n_rows, dtype=_F64, device=device)
+    if w_eff is None:
+        cols[al.W] = zeros.index_add(0, rec_row, rec_len.to(_F64))
+        cols[al.S] = zeros.index_add(0, elem_row, x)
+    else:
+        cols[al.W] = zeros.index_add(0, elem_row, w_eff)
+        cols[al.S] = zeros.index_add(0, elem_row, x0 * w_eff)
+    if al.MAX in need or al.NEGMIN in need:
+        kept = x if keep is None else torch.where(keep, x, -torch.inf)
+        low = -x if keep is None else torch.where(keep, -x, -torch.inf)
+        cols[al.MAX] = ident[al.MAX].expand(n_rows).scatter_reduce(0, elem_row, kept, "amax")
+        cols[al.NEGMIN] = ident[al.NEGMIN].expand(n_rows).scatter_reduce(0, elem_row, low, "amax")
+    if al.LAST in need:
+        pos = torch.arange(n, device=device)
+        pos = pos if keep is None else torch.where(keep, pos, -1)
+        latest = torch.full((n_rows,), -1, dtype=torch.int64, device=device)
+        latest = latest.scatter_reduce_(0, elem_row, pos, "amax")
+        found, at = latest >= 0, latest.clamp(min=0)
+        cols[al.LAST] = torch.where(found, x[at], 0.0)
+        cols[al.T] = torch.where(found, rec_stamp[elem_rec[at]], -torch.inf)
+    if al.M2 in need:
+        w_sum = cols[al.W]
+        mean = cols[al.S] / torch.where(w_sum > 0, w_sum, 1.0)
+        dev = x0 - mean[elem_row]
+        sq = dev * dev if w_eff is None else w_eff * dev * dev
+        cols[al.M2] = zeros.index_add(0, elem_row, sq)
+    if drop is not None:
+        cols[al.DROP] = zeros.index_add(0, elem_row, drop.to(_F64))
+    sketches = {}
+    for i, acc in enumerate(accs):
+        sketches[acc] = _sketch_cells(acc, maps[i], sketch_rows[acc], x, w_eff, elem_row)
+    return torch.stack(cols), sketches, bad
+
+
+def _sketch_cells(
+    accuracy: float,
+    index_of_row: torch.Tensor,
+    n_sketches: int,
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    elem_row: torch.Tensor,
+) -> torch.Tensor:
+    """``(n_sketches, n_cells)`` additions from the elements of rows with a sketch of ``accuracy``."""
+    layout = sketch_layout(accuracy)
+    index = index_of_row[elem_row]
+    mine = index >= 0
+    weight = mine.to(_F64) if w is None else torch.where(mine, w, 0.0)
+    base = index.clamp(min=0).long() * layout.n_cells
+    cell, clamped = cells_torch(layout, x)
+    out = torch.zeros(n_sketches * layout.n_cells, dtype=_F64, device=x.device)
+    out.index_add_(0, base + cell, weight)
+    out.index_add_(0, base + layout.clamped_cell, torch.where(clamped, weight, 0.0))
+    return out.reshape(n_sketches, layout.n_cells)

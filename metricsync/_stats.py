@@ -1,0 +1,173 @@
+"""From state columns to numbers: the ``compute()`` dict, vectorized over metrics.
+
+A :class:`Plan` lists every output key of a set of (name, spec) pairs with
+the slot and statistic behind it; it is built once per layout. :func:`compute`
+then evaluates each plain statistic as one vector over all metrics, every
+quantile of every sketch in one query, and picks the keys of metrics that hold
+samples with one fancy index: no Python loop per metric (``across`` metrics,
+usually few, are combined one by one).
+
+>>> import numpy as np
+>>> from metricsync import _algebra as al
+>>> from metricsync._spec import Spec
+>>> cols = al.identity(1); cols[[al.W, al.S, al.MAX], 0] = [2.0, 4.0, 3.0]
+>>> specs = [Spec(("mean", "max"))]
+>>> compute(Plan(["x"], specs), specs, cols, {}, {})
+{'x/mean': 2.0, 'x/max': 3.0}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import _algebra as al
+from ._across import combine, fold_rank
+from ._sketch import query, sketch_layout
+from ._spec import Spec, quantile_of
+
+__all__ = ["Plan", "compute", "local_values"]
+
+_PLAIN = ("mean", "sum", "count", "min", "max", "last", "var", "std")
+_CODE = {stat: i for i, stat in enumerate(_PLAIN)}
+_QUANTILE = len(_PLAIN)  # a quantile statistic, answered from the slot's sketch
+_DROPPED, _MAX_RANK, _MIN_RANK = -1, -2, -3  # keys beyond the statistics
+
+
+def _code(stat: str) -> int:
+    q = quantile_of(stat)
+    if q == 0.0:
+        return _CODE["min"]  # p0 and p100 are the exact extremes
+    if q == 1.0:
+        return _CODE["max"]
+    return _QUANTILE if q is not None else _CODE[stat]
+
+
+class Plan:
+    """Every output key of ``(names, specs)`` with its slot and statistic code."""
+
+    def __init__(self, names: Sequence[str], specs: Sequence[Spec]) -> None:
+        keys: list[str] = []
+        slots: list[int] = []
+        codes: list[int] = []
+        self.quantiles: dict[int, list[tuple[int, float]]] = {}  # slot -> (key position, q)
+        self.across: list[int] = []
+        starts: list[int] = []
+        for slot, (name, spec) in enumerate(zip(names, specs)):
+            starts.append(len(keys))
+            if spec.across != "exact":
+                self.across.append(slot)
+            for key, stat in zip(spec.output_keys(name), spec.reduce):
+                code = _code(stat)
+                if code == _QUANTILE:
+                    q = quantile_of(stat)
+                    assert q is not None
+                    self.quantiles.setdefault(slot, []).append((len(keys), q))
+                keys.append(key)
+                slots.append(slot)
+                codes.append(code)
+            extra = spec.extra_keys(name)
+            keys += extra
+            slots += [slot] * len(extra)
+            codes += ([_MAX_RANK, _MIN_RANK] if spec.argrank else []) + (
+                [_DROPPED] if spec.nan == "ignore" else []
+            )
+        self.keys = keys
+        self.slots = np.array(slots, dtype=np.intp)
+        self.codes = np.array(codes, dtype=np.intp)
+        self.starts = np.array(starts, dtype=np.intp)  # each slot's first key
+        self.n = len(names)
+
+
+def _plain_stats(cols: np.ndarray, specs: Sequence[Spec]) -> np.ndarray:
+    """``(len(_PLAIN), n)``: every plain statistic of every metric (NaN without samples)."""
+    w = cols[al.W]
+    has = w > 0
+    safe = np.where(has, w, 1.0)
+    out = np.empty((len(_PLAIN), cols.shape[1]))
+    out[_CODE["mean"]] = np.where(has, cols[al.S] / safe, np.nan)
+    out[_CODE["sum"]] = cols[al.S]
+    out[_CODE["count"]] = w
+    out[_CODE["min"]] = np.where(has, -cols[al.NEGMIN], np.nan)
+    out[_CODE["max"]] = np.where(has, cols[al.MAX], np.nan)
+    out[_CODE["last"]] = np.where(cols[al.T] > -np.inf, cols[al.LAST], np.nan)
+    ddof = np.array([spec.ddof for spec in specs], dtype=np.float64) if specs else 0.0
+    dof = w - ddof
+    m2 = cols[al.M2]
+    var = np.where(m2 < 0, 0.0, m2) / np.where(dof > 0, dof, 1.0)
+    out[_CODE["var"]] = np.where(has & (dof > 0), var, np.nan)
+    out[_CODE["std"]] = np.sqrt(out[_CODE["var"]])
+    return out
+
+
+def _quantiles(
+    plan: Plan, specs: Sequence[Spec], cols: np.ndarray, sketches: Mapping[int, np.ndarray]
+) -> dict[int, float]:
+    """Key position -> value of every quantile key (sketch slots with samples only)."""
+    out: dict[int, float] = {}
+    by_kind: dict[tuple[float, str], list[int]] = {}
+    for slot in plan.quantiles:
+        if cols[al.W, slot] > 0 and slot in sketches:
+            spec = specs[slot]
+            by_kind.setdefault((spec.accuracy, spec.quantile_method), []).append(slot)
+    for (accuracy, method), slots in by_kind.items():
+        qs = sorted({q for s in slots for _, q in plan.quantiles[s]})
+        cells = np.stack([sketches[s] for s in slots])
+        vmin, vmax = -cols[al.NEGMIN, slots], cols[al.MAX, slots]
+        values = query(sketch_layout(accuracy), cells, qs, vmin, vmax, method)
+        column = {q: j for j, q in enumerate(qs)}
+        for row, slot in enumerate(slots):
+            for position, q in plan.quantiles[slot]:
+                out[position] = float(values[row, column[q]])
+    return out
+
+
+def local_values(
+    plan: Plan, specs: Sequence[Spec], cols: np.ndarray, sketches: Mapping[int, np.ndarray]
+) -> np.ndarray:
+    """The value of every key of ``plan`` from the metrics' own samples (NaN where none)."""
+    with np.errstate(all="ignore"):
+        plain = _plain_stats(cols, specs)
+        codes = np.where(plan.codes >= 0, np.minimum(plan.codes, len(_PLAIN) - 1), 0)
+        values = plain[codes, plan.slots]
+        values[plan.codes == _DROPPED] = cols[al.DROP, plan.slots[plan.codes == _DROPPED]]
+        values[plan.codes == _MAX_RANK] = cols[al.MAXRANK, plan.slots[plan.codes == _MAX_RANK]]
+        values[plan.codes == _MIN_RANK] = cols[al.MINRANK, plan.slots[plan.codes == _MIN_RANK]]
+        values[plan.codes == _QUANTILE] = np.nan
+        for position, value in _quantiles(plan, specs, cols, sketches).items():
+            values[position] = value
+    return values
+
+
+def compute(
+    plan: Plan,
+    specs: Sequence[Spec],
+    cols: np.ndarray,
+    sketches: Mapping[int, np.ndarray],
+    aggs: Mapping[int, np.ndarray],
+) -> dict[str, float]:
+    """The ``compute()`` dict of a table's state: keys of metrics holding samples.
+
+    ``aggs`` maps the slots of ``across`` metrics to their finished ranks; a
+    metric's own samples count as the rank ahead of them.
+    """
+    values = local_values(plan, specs, cols, sketches)
+    keep = cols[al.W, plan.slots] > 0
+    extra = plan.codes < 0
+    dropped = plan.codes == _DROPPED
+    keep &= ~extra | dropped | ~np.isnan(values)  # ranks are known after a sync only
+    for slot in plan.across:
+        spec = specs[slot]
+        at = plan.starts[slot] + np.arange(len(spec.reduce))
+        agg = aggs[slot]
+        if cols[al.W, slot] > 0:
+            agg = fold_rank(agg, values[at], spec.across == "first", before=True)
+        combined = combine(spec.across, agg)
+        keep[at] = combined is not None
+        if combined is not None:
+            values[at] = combined
+    # a metric reports its dropped NaN count when it reports anything or dropped some
+    keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
+    chosen = np.flatnonzero(keep)
+    return dict(zip([plan.keys[i] for i in chosen.tolist()], values[chosen].tolist()))

@@ -1,0 +1,272 @@
+"""What a ``Metrics`` holds: spec rules, the state table, pending host samples, device states.
+
+:class:`Store` checks and applies records, folds pending samples into the
+table when their buffers fill (so fold points depend on the records alone),
+and gives a read-only *snapshot* (table plus everything pending) to
+``compute``, ``merge``, ``copy``, ``sync`` and the binary format. Taking a
+snapshot changes nothing, so observing a ``Metrics`` mid-step leaves every
+later result bit-for-bit as it would have been. Every method takes the
+store's lock; only the Python-number fast path of ``Metrics.record`` (an
+append to a buffer of :mod:`metricsync._pending`) runs without it.
+
+>>> store = Store()
+>>> store.prepare("loss", [1.0, 3.0], None, None)()
+>>> store.snapshot().compute()
+{'loss': 2.0}
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from . import _algebra as al
+from . import _convert
+from ._convert import as_torch, host_mask, host_values, host_weights
+from ._errors import SpecMismatchError
+from ._pending import CHUNK_LIMIT, Batch, HostPending, fold
+from ._spec import Spec, SpecTable
+from ._table import StateTable
+
+__all__ = ["Store"]
+
+
+class Store:
+    """Rules, table, pending samples and device states of one ``Metrics``."""
+
+    def __init__(self, rules: SpecTable | None = None, table: StateTable | None = None) -> None:
+        self.rules = rules if rules is not None else SpecTable()
+        self.table = table if table is not None else StateTable()
+        self.pending = HostPending()
+        self.devices: dict[Any, Any] = {}  # torch.device -> DeviceState
+        self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
+        self.lock = threading.RLock()
+        for name, spec in zip(self.table.names, self.table.specs):
+            self.pending.open(name, spec)
+
+    # ------------------------------------------------------------------ specs
+
+    def spec(self, name: str) -> Spec:
+        """The spec ``name`` has, or would get on its first record."""
+        slot = self.table.index.get(name)
+        return self.table.specs[slot] if slot is not None else self.rules.resolve(name)
+
+    def adopt_rules(self, rules: SpecTable) -> None:
+        """Use ``rules``; names whose spec they change must hold no samples."""
+        with self.lock:
+            self._apply_rules(rules, self._rule_changes(rules))
+
+    def _rule_changes(self, rules: SpecTable) -> dict[int, Spec]:
+        """Slots whose spec ``rules`` change; ``SpecMismatchError`` if one holds samples."""
+        changes = {}
+        for slot, name in enumerate(self.table.names):
+            new = rules.explicit(name)
+            if new is None or new == self.table.specs[slot]:
+                continue
+            if self._holds_data(slot):
+                old = self.table.specs[slot]
+                raise SpecMismatchError(
+                    f"metric {name!r} holds samples under {old!r}; cannot change it to {new!r}"
+                )
+            changes[slot] = new
+        return changes
+
+    def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
+        self.rules = rules
+        for slot, new in changes.items():
+            name = self.table.names[slot]
+            self.table.respec(slot, new)
+            self.pending.forget(name)
+            self.pending.open(name, new)
+
+    def _holds_data(self, slot: int) -> bool:
+        name = self.table.names[slot]
+        if name in self.pending.held() or slot in self.pending.chunk_slots():
+            return True
+        return self.table.holds_data(slot) or any(
+            slot in dev.recorded_slots() for dev in self.devices.values()
+        )
+
+    # -------------------------------------------------------------- recording
+
+    def prepare(self, name: Any, value: Any, weight: Any, mask: Any) -> Callable[[], None]:
+        """Check and convert one record; the function returned applies it.
+
+        Everything that can be wrong with the input raises here, naming the
+        metric, so applying cannot fail on it.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
+        tensor = as_torch(value)
+        if tensor is not None:
+            if tensor.device.type not in _convert.HOST_DEVICE_TYPES:
+                return self._prepare_device(name, tensor, weight, mask)
+            value = tensor
+        with self.lock:
+            spec = self.spec(name)
+        values = host_values(name, value)
+        shape = tuple(tensor.shape) if tensor is not None else np.shape(value)
+        w = None if weight is None else host_weights(name, weight, shape)
+        if mask is not None:
+            m = host_mask(name, mask, shape)
+            w = m if w is None else w * m
+        if spec.nan == "error":
+            bad = ~np.isfinite(values) if w is None else ~np.isfinite(values) & (w > 0)
+            if bad.any():
+                raise ValueError(
+                    f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
+                )
+        return partial(self._apply_host, name, spec, values, w)
+
+    def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
+        with self.lock:
+            slot = self.table.slot(name, spec)
+            self.pending.open(name, spec)
+            n = len(values)
+            if not n:
+                return
+            stamp = al.now_us()
+            if n > CHUNK_LIMIT // 4:  # folds at once: no copy kept around
+                one = np.array([slot]), np.array([0]), np.array([n]), np.array([stamp])
+                self._fold_into_table(Batch(values, w, *one))
+                return
+            if not self.pending.fits(n):
+                self.flush()
+            self.pending.add(slot, values, w, stamp)
+
+    def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
+        from ._convert import check_tensor, device_mask, device_weight
+
+        check_tensor(name, x)
+        with self.lock:
+            spec = self.spec(name)
+        w = None if weight is None else device_weight(name, weight, x)
+        m = None if mask is None else device_mask(name, mask, x)
+        return partial(self._apply_device, name, spec, x, w, m)
+
+    def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
+        from ._device import DeviceState
+
+        with self.lock:
+            slot = self.table.slot(name, spec)
+            self.pending.open(name, spec)
+            if x.numel() == 0:  # no samples, and no device state that names would count
+                return
+            dev = self.devices.get(x.device)
+            if dev is None:
+                dev = self.devices[x.device] = DeviceState(x.device)
+            dev.add(slot, spec, x, w, m, al.now_us())
+
+    # ---------------------------------------------------------------- folding
+
+    def flush(self) -> None:
+        """Fold the pending host samples into the table."""
+        with self.lock:
+            batch = self.pending.take(self.table.index, consume=True)
+            if batch is not None:
+                self._fold_into_table(batch, self.table)
+
+    def _fold_into_table(self, batch: Batch, table: StateTable | None = None) -> None:
+        table = self.table if table is None else table
+        slots, cols, cells = fold(batch, table.specs)
+        if len(slots):
+            table.merge_state(slots, cols)
+        for slot, touched, counts in cells:
+            table.add_cells(slot, touched, counts)
+
+    def defer(self, name: str, value: Callable[[], float]) -> None:
+        """Record ``value()`` under ``name`` at the next snapshot that reads devices."""
+        with self.lock:
+            self.deferred.append((name, value))
+
+    def _resolve_deferred(self) -> None:
+        deferred, self.deferred = self.deferred, []
+        for name, value in deferred:
+            self.prepare(name, value(), None, None)()
+
+    def snapshot(self, devices: bool = True) -> StateTable:
+        """Table plus every pending sample, as a table the caller must not change.
+
+        With ``devices``, device states come to the host (one copy per device);
+        a device record that failed its checks raises ``ValueError`` naming the
+        metric (the record is dropped, so the next snapshot succeeds).
+        """
+        with self.lock:
+            if devices and self.deferred:
+                self._resolve_deferred()
+            batch = self.pending.take(self.table.index, consume=False)
+            live = devices and self.devices
+            if batch is None and not live:
+                return self.table
+            table = self.table.copy()
+            if batch is not None:
+                self._fold_into_table(batch, table)
+            if live:
+                self._add_devices(table)
+            return table
+
+    def _add_devices(self, table: StateTable) -> None:
+        for dev in self.devices.values():
+            slots, cols, cells, errors = dev.snapshot()
+            if errors.any():
+                dev.clear_errors()
+                _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
+            table.merge_state(slots, cols)
+            for slot, extra in cells.items():
+                table.sketches[slot] += extra
+
+    def held_names(self) -> list[str]:
+        """Names holding samples, without reading any device (device records count)."""
+        with self.lock:
+            held = self.snapshot(devices=False).holds()
+            for dev in self.devices.values():
+                held[sorted(dev.recorded_slots())] = True
+            names = self.table.names
+            return [names[i] for i in np.flatnonzero(held).tolist()]
+
+    # -------------------------------------------------------------- lifecycle
+
+    def reset(self) -> None:
+        """Forget every sample; keep rules, names and specs."""
+        with self.lock:
+            self.pending.clear()
+            self.devices = {}
+            self.deferred = []
+            self.table.reset()
+
+    def absorb(self, rules: SpecTable, table: StateTable) -> None:
+        """Merge another Metrics' rules and snapshot in; it counts as one rank."""
+        with self.lock:
+            merged = self.rules.copy()
+            for key, spec in rules.rules():
+                if merged.rule_for(key) is None:  # a rule both sides have: ours
+                    merged.add(key, spec)
+            changes = self._rule_changes(merged)
+            for name, theirs in zip(table.names, table.specs):
+                slot = self.table.index.get(name)
+                if slot is not None:
+                    mine: Spec | None = changes.get(slot, self.table.specs[slot])
+                else:
+                    mine = merged.explicit(name)
+                if mine is not None and mine != theirs:
+                    raise SpecMismatchError(
+                        f"metric {name!r} is {mine!r} on one side and {theirs!r} on the other"
+                    )
+            self._apply_rules(merged, changes)
+            self.table.absorb(table)
+            for name, spec in zip(table.names, table.specs):
+                self.pending.open(name, spec)
+
+
+def _raise_device_error(name: str, code: float) -> None:
+    from ._device_fold import BAD_MASK, BAD_NAN
+
+    what = {
+        BAD_NAN: "a non-finite sample under nan='error'",
+        BAD_MASK: "a mask value other than 0 or 1 (use weight= for fractions)",
+    }.get(code, "a negative or non-finite weight (or a mask value other than 0 or 1)")
+    raise ValueError(f"metric {name!r}: a recorded tensor held {what}; that record was discarded")

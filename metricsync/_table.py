@@ -1,0 +1,235 @@
+"""The state table: names, specs and mergeable state of a set of metrics.
+
+A :class:`StateTable` holds, per slot (one metric): its name and spec, a
+column of float64 state (:mod:`metricsync._algebra`), a sketch for quantile
+metrics and an aggregate of finished ranks for ``across`` metrics. It is
+plain data with a small interface: get or create a slot, respec one, merge
+state in, absorb another table as one rank, copy, reset, compute. ``merge``,
+``sync``, the binary format, ``copy`` and ``compute`` of a ``Metrics`` all go
+through it.
+
+>>> from metricsync._spec import Spec
+>>> a, b = StateTable(), StateTable()
+>>> import numpy as np
+>>> cols = identity(1); cols[[W, S], 0] = [2.0, 6.0]
+>>> a.merge_state([a.slot("x", Spec())], cols)
+>>> b.merge_state([b.slot("x", Spec())], cols)
+>>> a.absorb(b); a.compute()
+{'x': 3.0}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
+from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
+from ._errors import SpecMismatchError
+from ._sketch import sketch_layout
+from ._spec import Spec
+from ._stats import Plan, compute, local_values
+
+__all__ = ["StateTable", "identity"]
+
+
+class StateTable:
+    """Mergeable state of named metrics; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.specs: list[Spec] = []
+        self.cols = identity(8)
+        self.sketches: dict[int, np.ndarray] = {}
+        self.aggs: dict[int, np.ndarray] = {}
+        self._plan: Plan | None = None
+        self._shared = False  # names/index/specs are shared with a sync layout
+
+    @classmethod
+    def from_parts(
+        cls,
+        names: list[str],
+        specs: list[Spec],
+        cols: np.ndarray,
+        sketches: Mapping[int, np.ndarray] | None = None,
+        aggs: Mapping[int, np.ndarray] | None = None,
+        index: dict[str, int] | None = None,
+    ) -> StateTable:
+        """A table over given parts; the name lists are shared (copied before any change)."""
+        table = cls()
+        table.names, table.specs = names, specs
+        table.index = index if index is not None else {n: i for i, n in enumerate(names)}
+        table.cols = cols if cols.shape[1] else identity(8)
+        table.sketches = dict(sketches or {})
+        table.aggs = dict(aggs or {})
+        table._shared = True
+        for slot, spec in enumerate(specs):
+            if spec.needs_sketch and slot not in table.sketches:
+                table.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
+            if spec.across != "exact" and slot not in table.aggs:
+                table.aggs[slot] = empty_aggregate(len(spec.reduce))
+        return table
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def state(self) -> np.ndarray:
+        """``(NCOL_ALL, len(self))``: the state columns of every slot (a view)."""
+        return self.cols[:, : len(self.names)]
+
+    # ------------------------------------------------------------------ slots
+
+    def slot(self, name: str, spec: Spec) -> int:
+        """The slot of ``name``, created with ``spec`` if it has none."""
+        slot = self.index.get(name)
+        if slot is not None:
+            return slot
+        self._unshare()
+        slot = len(self.names)
+        if slot == self.cols.shape[1]:
+            self.cols = np.concatenate([self.cols, identity(slot)], axis=1)
+        self.names.append(name)
+        self.index[name] = slot
+        self.specs.append(spec)
+        self._configure(slot, spec)
+        return slot
+
+    def respec(self, slot: int, spec: Spec) -> None:
+        """Give ``slot`` another spec; its state starts over."""
+        self._unshare()
+        self.specs[slot] = spec
+        self.cols[:, slot] = IDENTITY
+        self._configure(slot, spec)
+
+    def _configure(self, slot: int, spec: Spec) -> None:
+        self._plan = None
+        self.sketches.pop(slot, None)
+        if spec.needs_sketch:
+            self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
+        self.aggs.pop(slot, None)
+        if spec.across != "exact":
+            self.aggs[slot] = empty_aggregate(len(spec.reduce))
+
+    def _unshare(self) -> None:
+        if self._shared:
+            self.names, self.index, self.specs = (
+                list(self.names),
+                dict(self.index),
+                list(self.specs),
+            )
+            self._shared = False
+
+    def slots_of(self, names: Sequence[str], specs: Sequence[Spec]) -> list[int]:
+        """Slots for ``names`` (created as needed), ``SpecMismatchError`` on a different spec."""
+        out = []
+        for name, spec in zip(names, specs):
+            slot = self.index.get(name)
+            if slot is None:
+                slot = self.slot(name, spec)
+            elif self.specs[slot] != spec:
+                raise SpecMismatchError(
+                    f"metric {name!r} is {self.specs[slot]!r} on one side and {spec!r} on the other"
+                )
+            out.append(slot)
+        return out
+
+    # ------------------------------------------------------------------ state
+
+    def merge_state(self, slots: Sequence[int] | np.ndarray, cols: np.ndarray) -> None:
+        """Merge state columns ``(NCOL_ALL, len(slots))`` into ``slots`` (distinct)."""
+        idx = np.asarray(slots, dtype=np.intp)
+        self.cols[:, idx] = merge(self.cols[:, idx], cols, np)
+
+    def add_cells(self, slot: int, cells: np.ndarray, counts: np.ndarray) -> None:
+        """Add ``counts`` to the distinct sketch ``cells`` of ``slot``."""
+        self.sketches[slot][cells] += counts
+
+    def holds(self) -> np.ndarray:
+        """Per slot: whether it holds samples (its own, or finished ranks of an aggregate)."""
+        held = self.state[W] > 0
+        for slot, agg in self.aggs.items():
+            held[slot] |= bool(agg[:, 1].any())
+        return held
+
+    def holds_data(self, slot: int) -> bool:
+        """Whether ``slot`` holds anything a respec would lose (samples, drops, a time)."""
+        col = self.cols[:, slot]
+        if col[W] > 0 or col[DROP] > 0 or col[4] > -np.inf:
+            return True
+        agg = self.aggs.get(slot)
+        return agg is not None and bool(agg[:, 1].any())
+
+    def absorb(self, other: StateTable) -> None:
+        """Merge ``other`` in as one rank (specs already agreed): exact metrics pool samples,
+        ``across`` metrics add ``other``'s own result as a rank after its finished ranks."""
+        mine = self.slots_of(other.names, other.specs)
+        theirs = np.arange(len(other.names))
+        exact = np.array([s.across == "exact" for s in other.specs], dtype=bool)
+        if exact.any():
+            self.merge_state(np.asarray(mine)[exact], other.state[:, exact])
+            for t in theirs[exact].tolist():
+                if t in other.sketches:
+                    self.sketches[mine[t]] += other.sketches[t]
+        if exact.all():
+            return
+        own = other.own_values()
+        for t in theirs[~exact].tolist():
+            spec, m = other.specs[t], mine[t]
+            first = spec.across == "first"
+            agg = other.aggs[t]
+            if other.cols[W, t] > 0:
+                agg = fold_rank(agg, own[t], first, before=True)
+            self.aggs[m] = merge_aggregates(self.aggs[m], agg, first)
+            self.cols[DROP, m] += other.cols[DROP, t]
+
+    def own_values(self) -> dict[int, np.ndarray]:
+        """Each ``across`` slot's statistics from its own samples (its rank's result)."""
+        plan = self.plan()
+        values = local_values(plan, self.specs, self.state, self.sketches)
+        return {
+            slot: values[plan.starts[slot] + np.arange(len(self.specs[slot].reduce))]
+            for slot in plan.across
+        }
+
+    # -------------------------------------------------------------- lifecycle
+
+    def copy(self) -> StateTable:
+        """An independent copy."""
+        table = StateTable.from_parts(
+            list(self.names),
+            list(self.specs),
+            self.state.copy(),
+            {k: v.copy() for k, v in self.sketches.items()},
+            {k: v.copy() for k, v in self.aggs.items()},
+        )
+        table._shared = False
+        return table
+
+    def reset(self) -> None:
+        """Forget every sample; keep names and specs."""
+        self.cols[:] = IDENTITY[:, None]
+        for cells in self.sketches.values():
+            cells[:] = 0.0
+        for agg in self.aggs.values():
+            agg[:] = AGG_IDENTITY
+
+    def plan(self) -> Plan:
+        """The output keys of this table's metrics (cached until a slot changes)."""
+        if self._plan is None or self._plan.n != len(self.names):
+            self._plan = Plan(self.names, self.specs)
+        return self._plan
+
+    def compute(self) -> dict[str, float]:
+        """Every output key of the metrics holding samples, as Python floats."""
+        return compute(self.plan(), self.specs, self.state, self.sketches, self.aggs)
+
+    def extremes(self, slot: int) -> tuple[float, float]:
+        """The smallest and largest sample of ``slot`` (``inf``/``-inf`` without samples)."""
+        return float(-self.cols[NEGMIN, slot]), float(self.cols[MAX, slot])
+
+    def sum_of(self, slot: int) -> float:
+        """The weighted sum of ``slot``'s samples."""
+        return float(self.cols[S, slot])
