@@ -296,7 +296,7 @@ class Tail:
 
     formats: Formats
     steps: Steps
-    overwritten: int = 0  # steps among these where a later record replaced a value
+    overwritten: int = 0  # records with a value that a later record of the same step replaced
     superseded: int = 0  # records skipped because a later one went back in step
     torn: str | None = None
     end: int = 0  # bytes taken into account (the file's size, less a torn last line)
@@ -374,13 +374,8 @@ def tail(
                     kept.append((step, dict(record.values)))
             elif step == floor and kept and kept[-1][0] == step:
                 newer = kept[-1][1]
-                clash = False
-                for key, value in record.values.items():
-                    if key in newer:
-                        clash = True
-                    else:
-                        newer[key] = value
-                result.overwritten += clash
+                result.overwritten += not newer.keys().isdisjoint(record.values)
+                kept[-1] = (step, {**record.values, **newer})  # keys in file order
             elif step > floor:
                 result.superseded += 1
         result.steps = list(reversed(kept))

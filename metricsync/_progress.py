@@ -55,6 +55,7 @@ class Progress:
         self.done = 0
         self._bar: Any = None
         self._drawn = 0.0
+        self._cleared = False
         if self.enabled and use_tqdm:
             try:
                 from tqdm import tqdm
@@ -80,6 +81,9 @@ class Progress:
         self.done += amount
         if self._bar is not None:
             self._bar.update(amount)
+            if self._cleared:
+                self._bar.refresh()
+                self._cleared = False
             return
         now = time.monotonic()
         if now - self._drawn < 0.1 and self.done < self.total:
@@ -102,6 +106,7 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.clear()
+            self._cleared = True
         else:
             self.stream.write("\r\033[K")
             self.stream.flush()

@@ -29,6 +29,7 @@ from ._formatting import format_value
 from ._logfile import encode_value
 
 __all__ = [
+    "GrowingTable",
     "csv_header",
     "csv_rows",
     "json_item",
@@ -166,6 +167,57 @@ def render_rows(
     loss  0.5
     """
     return _grid(header, rows, width, left=True)
+
+
+class GrowingTable:
+    """A table printed a few rows at a time (``show --follow``): the header again only when needed.
+
+    Columns keep their widths (they only widen); the header and rule are
+    printed again when the keys change or a column widens. A table wider
+    than ``width`` prints each batch as wrapped blocks.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> table = GrowingTable({}, None, out)
+    >>> table.add([(1, {"loss": 0.5})], ["loss"])
+    >>> table.add([(2, {"loss": 0.25})], ["loss"])
+    >>> print(out.getvalue(), end="")
+    step  loss
+    ----  ----
+       1   0.5
+       2  0.25
+    """
+
+    def __init__(self, formats: Mapping[str, str | None], width: int | None, out: TextIO) -> None:
+        self.formats, self.width, self.out = formats, width, out
+        self.keys: list[str] = []
+        self.widths: list[int] = []
+
+    def add(self, steps: Sequence[tuple[int, Mapping[str, float]]], keys: Sequence[str]) -> None:
+        """Print ``steps`` under ``keys``."""
+        if not steps:
+            return
+        header = ["step", *keys]
+        rows = [[str(s)] + [_cell(v, k, self.formats) for k in keys] for s, v in steps]
+        widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+        same = list(keys) == self.keys
+        if same:
+            widths = [max(a, b) for a, b in zip(widths, self.widths)]
+        lines: list[str] = []
+        if len(layout_blocks(widths, self.width)) > 1:
+            lines = ([""] if self.keys else []) + _grid(header, rows, self.width).split("\n")
+            self.keys, self.widths = [], []  # the next batch prints its header again
+        else:
+            if not same or widths != self.widths:
+                lines += [""] if self.keys else []
+                lines += [
+                    _join(header, widths, False),
+                    _join(["-" * w for w in widths], widths, False),
+                ]
+            lines += [_join(row, widths, False) for row in rows]
+            self.keys, self.widths = list(keys), widths
+        self.out.write("\n".join(lines) + "\n")
+        self.out.flush()
 
 
 def csv_header(keys: Sequence[str]) -> str:

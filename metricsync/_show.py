@@ -35,6 +35,7 @@ from ._logfile import Formats, match_keys, parse_record, resolve_log_path
 from ._logread import ReadStats, lines_forward, read_timeline, scan, tail
 from ._progress import Progress
 from ._render import (
+    GrowingTable,
     csv_header,
     csv_rows,
     json_item,
@@ -252,11 +253,16 @@ def _follow(
     out: TextIO,
     stats: ReadStats | None,
 ) -> int:
-    """Print the last steps, then each new step as it is appended, until interrupted."""
+    """Print the last steps, then each new step as it is appended, until interrupted.
+
+    Tables grow row by row; CSV keeps the columns it started with; JSON
+    prints one object per line (JSON Lines), as the output never ends.
+    """
     found = tail(path, 10 if last is None else last, stats)
     formats = dict(found.formats)
     end = found.end
     shown: list[str] = []
+    table = GrowingTable(formats, width, out)
     emitter: _Emitter | None = None
     pending = list(found.steps)
     try:
@@ -264,22 +270,18 @@ def _follow(
             if pending:
                 available = list(dict.fromkeys(k for _, values in pending for k in values))
                 try:
-                    new = [k for k in _choose(available, keys, ranks) if k not in shown]
+                    chosen = _choose(available, keys, ranks)
                 except ValueError:
-                    new = []
-                if emitter is None or (new and fmt == "table"):
-                    shown.extend(new)
-                    if shown:
+                    chosen = []
+                if fmt == "table" or emitter is None:  # CSV columns stay those of the start
+                    shown.extend(k for k in chosen if k not in shown)
+                if fmt == "table":
+                    table.add(pending, shown)
+                elif shown:
+                    if emitter is None:
                         emitter = _Emitter(
-                            fmt,
-                            shown,
-                            formats,
-                            transpose=transpose,
-                            width=width,
-                            out=out,
-                            jsonl=True,
+                            fmt, shown, formats, transpose=False, width=width, out=out, jsonl=True
                         )
-                if emitter is not None:
                     emitter.page(pending)
                 pending = []
             time.sleep(interval)
@@ -304,8 +306,6 @@ def _follow(
                     else:
                         pending.append((record.step, record.values))
     except KeyboardInterrupt:
-        if emitter is not None:
-            emitter.close()
         return 0
 
 
