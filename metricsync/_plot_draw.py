@@ -29,6 +29,7 @@ GROUP_INCHES = 0.35  # a group's heading
 LEGEND_INCHES = 0.45  # the runs' legend above the panels
 BINS = 1000  # downsampling bins per curve: about 2.5 per pixel column
 AUTO_LOG_DECADES = 3.0
+_MARGINS = (0.7, 0.15, 0.35, 0.45)  # inches around a panel's axes: left, right, top, bottom
 _QUANTILE_STYLES = ("--", ":", "-.")
 
 
@@ -154,7 +155,7 @@ def _draw_panel(
         if fmt is not None and fmt.endswith("%"):
             ax.yaxis.set_major_formatter(mpl.ticker.PercentFormatter(xmax=1.0))
         else:
-            scalar = mpl.ticker.ScalarFormatter(useOffset=False, useMathText=True)
+            scalar = mpl.ticker.ScalarFormatter(useOffset=False)
             scalar.set_powerlimits((-3, 5))
             ax.yaxis.set_major_formatter(scalar)
     if not values.size:
@@ -217,28 +218,39 @@ def build_figure(
         for r, (heading, _) in zip(rows, sections)
     ]
     legend = LEGEND_INCHES if len(runs) > 1 else 0.0
-    figure = mpl.figure.Figure(
-        figsize=(PANEL_INCHES[0] * columns, sum(heights) + legend),
-        dpi=PLOT_DPI,
-        layout="constrained",
-    )
+    width, height = PANEL_INCHES[0] * columns, sum(heights) + legend
+    # A fixed layout (no constrained layout): panels are all alike, and measuring every
+    # tick label of 50 panels would cost more than drawing them.
+    figure = mpl.figure.Figure(figsize=(width, height), dpi=PLOT_DPI)
     FigureCanvasAgg(figure)
     colors = [f"C{i % 10}" for i in range(len(runs))]
-    subfigures = figure.subfigures(len(sections), 1, height_ratios=heights, squeeze=False)[:, 0]
-    for sub, (heading, members), count in zip(subfigures, sections, rows):
+    left, right, top, bottom = _MARGINS
+    y = legend  # inches from the top
+    for (heading, members), count in zip(sections, rows):
         if heading:
-            sub.suptitle(heading, fontsize=11, ha="left", x=0.01)
-        axes = sub.subplots(count, columns, squeeze=False)
+            figure.text(0.1 / width, 1 - (y + 0.05) / height, heading, fontsize=11, va="top")
+            y += GROUP_INCHES
         for index, panel in enumerate(members):
-            _draw_panel(axes[index // columns][index % columns], panel, runs, colors, smooth, logy)
-        for index in range(len(members), count * columns):
-            axes[index // columns][index % columns].set_visible(False)
+            row, column = divmod(index, columns)
+            rect = (
+                (column * PANEL_INCHES[0] + left) / width,
+                1 - (y + (row + 1) * PANEL_INCHES[1] - bottom) / height,
+                (PANEL_INCHES[0] - left - right) / width,
+                (PANEL_INCHES[1] - top - bottom) / height,
+            )
+            _draw_panel(figure.add_axes(rect), panel, runs, colors, smooth, logy)
+        y += count * PANEL_INCHES[1]
     if len(runs) > 1:
         handles = [
             mpl.lines.Line2D([], [], color=c, linewidth=2, label=run.label)
             for run, c in zip(runs, colors)
         ]
         figure.legend(
-            handles=handles, loc="outside upper center", ncols=min(len(runs), 4), fontsize=9
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1.0),
+            ncols=min(len(runs), 4),
+            fontsize=9,
+            frameon=False,
         )
     return figure
