@@ -25,6 +25,7 @@ PANEL_INCHES = (4.0, 3.0)
 PLOT_DPI = 100
 """Resolution of the saved PNG: a panel is 400 x 300 pixels."""
 MAX_COLUMNS = 3
+WIDE_COLUMNS = 5  # for more than 12 panels, so 50 metrics do not make a tall strip
 GROUP_INCHES = 0.35  # a group's heading
 LEGEND_INCHES = 0.45  # the runs' legend above the panels
 BINS = 1000  # downsampling bins per curve: about 2.5 per pixel column
@@ -148,7 +149,7 @@ def _draw_panel(
     ax.set_yscale(scale)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step", fontsize=8)
-    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=5, integer=True))
     ax.tick_params(labelsize=8)
     ax.grid(True, alpha=0.3)
     if scale == "linear":
@@ -202,7 +203,7 @@ def build_figure(
     """The matplotlib ``Figure`` of ``keys`` over ``runs`` (attached to an Agg canvas).
 
     Its size is ``columns x rows`` panels of 400 x 300 pixels (up to 3
-    columns), plus a heading per prefix group that fills a row, plus a
+    columns, 5 beyond 12 panels), plus a heading per prefix group that fills a row, plus a
     legend band when there are several runs.
     """
     mpl = _imports()
@@ -210,7 +211,7 @@ def build_figure(
 
     present = {key for run in runs for key in run.series}
     panels = make_panels([k for k in keys if k in present])
-    columns = min(MAX_COLUMNS, len(panels))
+    columns = min(len(panels), MAX_COLUMNS if len(panels) <= 12 else WIDE_COLUMNS)
     sections = _sections(panels, columns)
     rows = [math.ceil(len(members) / columns) for _, members in sections]
     heights = [
