@@ -178,7 +178,7 @@ def _sections(panels: Sequence[Panel], columns: int) -> list[tuple[str, list[Pan
     sections: list[tuple[str, list[Panel]]] = []
     mixed: list[Panel] = []
     for group, members in groups.items():
-        if group and len(members) >= columns:
+        if group and len(members) >= max(columns, 2):
             if mixed:
                 sections.append(("", mixed))
                 mixed = []
