@@ -7,8 +7,10 @@ win per key), a lower step drops every later one.
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import tracemalloc
 import warnings
 from pathlib import Path
 
@@ -233,3 +235,25 @@ def test_complete_headers_repeat_and_formats_the_reader_would_reject_are_not_wri
     assert headers[0] == {**headers[0], "formats": {"a": None}, "complete": True}
     assert sum(bool(h.get("complete")) for h in headers) >= 2
     assert read_jsonl(tmp_path)[0]["a"] == ".3f"
+
+
+class _Sink(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def test_showing_a_whole_log_streams_with_bounded_memory(tmp_path: Path) -> None:
+    from metricsync._show import show
+
+    small = _write_run(tmp_path / "small", 1_000, 20)
+    large = _write_run(tmp_path / "large", 10_000, 20)
+    peaks = []
+    for path in (small, large):
+        tracemalloc.start()
+        try:
+            assert show(path, out=_Sink(), width=200) == 0
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    # ten times the steps and the bytes, not ten times the memory: a page of steps at a time
+    assert peaks[1] < 2 * peaks[0], peaks
