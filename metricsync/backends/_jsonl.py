@@ -75,6 +75,7 @@ class JsonlBackend:
         self._since_complete = 0  # bytes written since the last complete header
         self._complete_size = 64  # about the size of a complete header
         self._rejected: set[str] = set()
+        self._wrote_header = False
         self.last_step: int | None = None
         self._resumed_at: int | None = None
         prefix = b""
@@ -132,15 +133,7 @@ class JsonlBackend:
         self, values: Mapping[str, float], step: int, formats: Mapping[str, str | None]
     ) -> None:
         """Append the step record, preceded by a header when a key is new or changed format."""
-        if self._resumed_at is not None:
-            if step == self._resumed_at:
-                warnings.warn(
-                    f"metricsync: step {step} was already logged in {self.path} before this run "
-                    "resumed; readers keep the values logged now",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            self._resumed_at = None
+        repeated = self._resumed_at is not None and step == self._resumed_at
         now = time.time()
         wanted = {key: self._checked(key, formats.get(key)) for key in values}
         changed = {
@@ -148,7 +141,7 @@ class JsonlBackend:
             for key, fmt in wanted.items()
             if key not in self._formats or self._formats[key] != fmt
         }
-        complete = not self._formats or self._since_complete >= max(
+        complete = not self._wrote_header or self._since_complete >= max(
             COMPLETE_EVERY, 32 * self._complete_size
         )
         lines = []
@@ -162,12 +155,21 @@ class JsonlBackend:
         data = ("\n".join(lines) + "\n").encode("utf-8")
         self._write(data)
         self._formats.update(changed)
+        self._wrote_header = True
+        self._resumed_at = None
         if complete:
             self._since_complete = 0
             self._complete_size = len(lines[0])
         else:
             self._since_complete += len(data)
         self.last_step = step
+        if repeated:  # after writing, so that even -W error loses no step
+            warnings.warn(
+                f"metricsync: step {step} was already logged in {self.path} before this run "
+                "resumed; readers keep the values logged now",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         """Close the file; calling it again does nothing."""
