@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,19 +82,22 @@ def load_runs(
         chosen = match_keys(available, keys)
         wanted = set(chosen)
         for path, label, timeline in zip(files, _labels(paths), found):
-            xs: dict[str, list[int]] = {}
-            ys: dict[str, list[float]] = {}
+            xs: dict[str, array[float]] = {}  # 8 bytes a value, no Python object
+            ys: dict[str, array[float]] = {}
             for step, values in read_timeline(path, timeline, None, bar.update):
+                x = float(step)
                 for key, value in values.items():
                     if key in wanted:
-                        xs.setdefault(key, []).append(step)
-                        ys.setdefault(key, []).append(value)
+                        if key not in xs:
+                            xs[key], ys[key] = array("d"), array("d")
+                        xs[key].append(x)
+                        ys[key].append(value)
             run = Run(label, path, timeline.formats, keys=list(timeline.keys))
             run.repeats = timeline.superseded + timeline.overwritten
             for key in xs:
                 run.series[key] = (
-                    np.asarray(xs[key], dtype=np.float64),
-                    np.asarray(ys[key], dtype=np.float64),
+                    np.frombuffer(xs[key], dtype=np.float64),
+                    np.frombuffer(ys[key], dtype=np.float64),
                 )
             runs.append(run)
     if not any(run.series for run in runs):
