@@ -2,14 +2,18 @@
 
 ::
 
-    metricsync demo  [--world-size N] [--steps S] [--out DIR]   simulated multi-rank training
-    metricsync show  FILE.jsonl [--keys GLOB] [--last N]        table of logged steps
-    metricsync plot  FILE.jsonl [--keys GLOB] -o OUT.png        curves, one panel per metric
-    metricsync bench [--world-size N] [--metrics K]             sync cost against the baselines
+    metricsync demo    [--world-size N] [--steps S] [--out DIR]   simulated multi-rank training
+    metricsync show    RUN [--keys GLOB] [--last N] [--format table|csv|json]
+                           [--transpose] [--ranks] [--follow]      table of logged steps
+    metricsync plot    RUN [RUN ...] [--keys GLOB] [--smooth A] [--logy] -o OUT.png
+    metricsync compare RUN_A RUN_B [--step S] [--keys GLOB]         one step side by side
+    metricsync bench   [--world-size N] [--metrics K]             sync cost against the baselines
+    metricsync --version
 
-``FILE.jsonl`` may also be a run directory holding ``metrics.jsonl``;
-``GLOB`` is an ``fnmatch`` pattern, or several separated by commas. Errors
-print one line, ``metricsync: error: ...``, on stderr and exit with 1.
+A ``RUN`` is a run directory holding ``metrics.jsonl`` or a ``.jsonl`` file
+(metricsync's log, or verl's file-logger log); ``GLOB`` is an ``fnmatch``
+pattern, or several separated by commas. Errors print one line,
+``metricsync: error: ...``, on stderr and exit with 1; bad usage exits with 2.
 
 >>> import tempfile, pathlib
 >>> from metricsync._tracker import Tracker
@@ -31,11 +35,12 @@ import argparse
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from ._formatting import format_value
-from ._logfile import read_jsonl, resolve_log_path, select_keys
+from . import __version__
+from ._render import render_table
+from ._show import FORMATS, compare, show
 
 __all__ = ["build_parser", "main", "render_table"]
 
@@ -55,52 +60,55 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def render_table(
-    steps: Sequence[tuple[int, dict[str, float]]],
-    keys: Sequence[str],
-    formats: dict[str, str | None],
-) -> str:
-    """Steps as rows, metrics as right-aligned columns, under a header and a rule.
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
 
-    Values use their stored format (adaptive when None); a metric missing at
-    a step shows ``-``.
 
-    >>> print(render_table([(1, {"a": 0.5}), (20, {"b": 1e-5})], ["a", "b"], {"a": ".1%"}))
-    step      a         b
-    ----  -----  --------
-       1  50.0%         -
-      20      -  1.00e-05
-    """
-    header = ["step", *keys]
-    rows = [
-        [str(step)]
-        + [format_value(values[k], formats.get(k)) if k in values else "-" for k in keys]
-        for step, values in steps
-    ]
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = [
-        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [header, ["-" * w for w in widths], *rows]
-    ]
-    return "\n".join(lines)
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0.01 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0.01 to 3600 seconds, got {text}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def _show(args: argparse.Namespace) -> int:
-    formats, steps = read_jsonl(args.file)
-    if not steps:
-        print(f"{PROG}: {resolve_log_path(args.file)} holds no steps yet", file=sys.stderr)
-        return 0
-    keys = select_keys(steps, args.keys)
-    if args.last is not None:
-        steps = steps[len(steps) - args.last :]
-    print(render_table(steps, keys, formats))
-    return 0
+    return show(
+        args.run,
+        keys=args.keys,
+        last=args.last,
+        fmt=args.format,
+        transpose=args.transpose,
+        ranks=args.ranks,
+        follow=args.follow,
+        interval=args.interval,
+        width=args.width,
+    )
+
+
+def _compare(args: argparse.Namespace) -> int:
+    return compare(args.run_a, args.run_b, step=args.step, keys=args.keys, width=args.width)
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from ._plotting import plot_jsonl
+    from ._plotting import plot_runs
 
-    out = plot_jsonl(args.file, args.output, keys=args.keys)
+    out = plot_runs(args.runs, args.output, keys=args.keys, smooth=args.smooth, logy=args.logy)
     print(f"{PROG}: wrote {out}", file=sys.stderr)
     return 0
 
@@ -128,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Inspect metricsync logs, run the demo or the benchmark."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__}", help="print the version"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="simulated multi-rank training over gloo")
@@ -140,19 +151,67 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--out", metavar="DIR", default="runs/demo", help="run directory (default runs/demo)"
     )
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run_command=_demo)
 
-    show = commands.add_parser("show", help="table of logged steps")
-    show.add_argument("file", metavar="FILE.jsonl", help="a metrics.jsonl (or its run dir)")
-    show.add_argument("--keys", metavar="GLOB", help="metrics to show (globs, comma-separated)")
-    show.add_argument("--last", metavar="N", type=_count(0), help="only the last N steps")
-    show.set_defaults(run=_show)
+    run_help = "a run directory holding metrics.jsonl, or a .jsonl file"
+    keys_help = "metrics to include (globs, comma-separated)"
+    width_help = "wrap tables to N columns (default: the terminal's width; unlimited in a pipe)"
+    show = commands.add_parser("show", help="table of logged steps (or CSV, JSON)")
+    show.add_argument("run", metavar="RUN", help=run_help)
+    show.add_argument("--keys", metavar="GLOB", help=keys_help)
+    show.add_argument(
+        "--last", metavar="N", type=_count(0), help="only the last N steps (read from the end)"
+    )
+    show.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default table)"
+    )
+    show.add_argument(
+        "--transpose", action="store_true", help="one row per metric, one column per step"
+    )
+    show.add_argument(
+        "--ranks",
+        action="store_true",
+        help="straggler view: NAME/max_rank and NAME/min_rank with their values",
+    )
+    show.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="after the last steps (10 unless --last), print new steps as they come; Ctrl-C stops",
+    )
+    show.add_argument(
+        "--interval", metavar="S", type=_seconds, default=1.0, help="--follow polling period"
+    )
+    show.add_argument("--width", metavar="N", type=_count(20), help=width_help)
+    show.set_defaults(run_command=_show)
 
-    plot = commands.add_parser("plot", help="curves, one panel per metric")
-    plot.add_argument("file", metavar="FILE.jsonl", help="a metrics.jsonl (or its run dir)")
-    plot.add_argument("--keys", metavar="GLOB", help="metrics to plot (globs, comma-separated)")
+    plot = commands.add_parser("plot", help="curves of one or more runs")
+    plot.add_argument("runs", metavar="RUN", nargs="+", help=run_help + "; several overlay")
+    plot.add_argument("--keys", metavar="GLOB", help=keys_help)
+    plot.add_argument(
+        "--smooth",
+        metavar="A",
+        type=_fraction,
+        default=0.0,
+        help="exponential moving average weight in [0, 1), raw curve drawn faintly behind",
+    )
+    plot.add_argument(
+        "--logy",
+        action="store_true",
+        help="log scale on y (automatic for positive curves spanning over 3 decades)",
+    )
     plot.add_argument("-o", "--output", metavar="OUT.png", required=True, help="PNG to write")
-    plot.set_defaults(run=_plot)
+    plot.set_defaults(run_command=_plot)
+
+    comp = commands.add_parser("compare", help="one step of two runs side by side")
+    comp.add_argument("run_a", metavar="RUN_A", help=run_help)
+    comp.add_argument("run_b", metavar="RUN_B", help=run_help)
+    comp.add_argument(
+        "--step", metavar="S", type=_integer, help="the step to compare (default: each run's last)"
+    )
+    comp.add_argument("--keys", metavar="GLOB", help=keys_help)
+    comp.add_argument("--width", metavar="N", type=_count(20), help=width_help)
+    comp.set_defaults(run_command=_compare)
 
     bench = commands.add_parser("bench", help="sync cost against the baselines")
     bench.add_argument(
@@ -161,13 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--metrics", metavar="K", type=_count(1), default=100, help="metric names (default 100)"
     )
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run_command=_bench)
     return parser
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply to read"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
-        return f"{exc.filename}: no such file"
+        return f"{exc.filename}: {exc.strerror or 'no such file'}"
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
     return " ".join(str(exc).split()) or type(exc).__name__
@@ -184,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     1
     """
     args = build_parser().parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
+    run: Callable[[argparse.Namespace], int] = args.run_command
     caught: list[Any] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -195,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except (OSError, ValueError, ImportError) as exc:
+    except (OSError, ValueError, ImportError, ArithmeticError, RecursionError, MemoryError) as exc:
         _print_warnings(caught)
         print(f"{PROG}: error: {_describe(exc)}", file=sys.stderr)
         return 1

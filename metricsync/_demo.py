@@ -80,37 +80,26 @@ def _train_step(metrics: Any, rank: int, step: int, steps: int, rng: np.random.G
     metrics.record("timing/update", elapsed)
 
 
-def _progress(step: int, steps: int, started: float) -> None:
-    if not sys.stderr.isatty():
-        return
-    width = 30
-    done = int(width * step / steps)
-    bar = "#" * done + "." * (width - done)
-    sys.stderr.write(f"\r[{bar}] {step}/{steps} steps  {time.monotonic() - started:5.1f}s")
-    sys.stderr.flush()
-
-
 def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple[str, ...]) -> str:
     import metricsync as ms
 
+    from ._progress import Progress
     from ._tracker import Tracker
 
     rng = np.random.default_rng(1234 + rank)
     metrics = ms.Metrics(SPECS)
-    started = time.monotonic()
-    with Tracker(backends=backends, run_dir=out, rank=rank) as tracker:
+    # rank 0 draws a bar on stderr when it is a terminal (tqdm when installed)
+    bar = Progress(steps if rank == 0 else 0, "demo", unit="step", minimum=1)
+    with bar, Tracker(backends=backends, run_dir=out, rank=rank) as tracker:
         for step in range(steps):
             metrics.reset()
             _train_step(metrics, rank, step, steps, rng)
             synced = metrics.sync(timeout=60.0)
-            if rank == 0 and sys.stderr.isatty():
-                sys.stderr.write("\r\033[K")
+            bar.clear()  # the console backend's lines go to the same terminal
             tracker.log(synced, step=step)
             if rank == 0:
                 sys.stdout.flush()
-                _progress(step + 1, steps, started)
-    if rank == 0 and sys.stderr.isatty():
-        sys.stderr.write("\n")
+            bar.update(1)
     return str(Path(out) / "metrics.jsonl")
 
 

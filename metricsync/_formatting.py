@@ -8,15 +8,28 @@ A metric's ``fmt`` is a Python format spec without braces (``".3f"``,
 ...             {"actor/lr": None, "loss": ".3f", "tokens": None})
 'actor/lr=3.00e-04  loss=0.693  tokens=123,456,789'
 
+Format specs are bounded: at most :data:`MAX_FMT_LENGTH` characters, and no
+width or precision above :data:`MAX_FMT_NUMBER`, so formatting one value
+costs at most a few hundred characters whatever a log file's header says.
+
 Pure functions; nothing here imports torch or numpy.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
-__all__ = ["check_fmt", "format_line", "format_value"]
+__all__ = ["MAX_FMT_LENGTH", "MAX_FMT_NUMBER", "check_fmt", "format_line", "format_value"]
+
+MAX_FMT_LENGTH = 32
+"""Longest format spec accepted (``"+,.3f"`` is 5 characters; the longest valid one is ~20)."""
+MAX_FMT_NUMBER = 100
+"""Largest width or precision a format spec may ask for (``"100.50f"`` is the edge)."""
+
+_NUMBER = re.compile(r"\d+")
+_CHECKED: dict[str, None] = {}  # specs already validated: format_value checks each spec once
 
 _SMALL = 1e-3  # below this magnitude the adaptive format switches to scientific notation
 _GROUPED = 1e4  # from here on values print as grouped integers (123,456)
@@ -38,14 +51,33 @@ def check_fmt(fmt: str | None) -> str | None:
     Traceback (most recent call last):
     ...
     ValueError: expected a format spec without braces such as '.3f', '.2e', ',.0f' or '.1%', got '{:.3f}'
+
+    Widths and precisions are capped at :data:`MAX_FMT_NUMBER`, so a spec can
+    never make one value cost megabytes:
+
+    >>> check_fmt("300000000.3f")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a format spec with widths and precisions of at most 100, got '300000000.3f'
     """
     if fmt is None:
         return None
     expected = "a format spec without braces such as '.3f', '.2e', ',.0f' or '.1%'"
     if not isinstance(fmt, str):
         raise ValueError(f"expected {expected} or None, got {type(fmt).__name__} {fmt!r}")
+    if len(fmt) > MAX_FMT_LENGTH:
+        raise ValueError(
+            f"expected a format spec of at most {MAX_FMT_LENGTH} characters, "
+            f"got {len(fmt)} characters ({fmt[:MAX_FMT_LENGTH]!r}...)"
+        )
     if "{" in fmt or "}" in fmt:
         raise ValueError(f"expected {expected}, got {fmt!r}")
+    # Every run of digits in a float spec is a width, a precision or a one-digit fill.
+    if any(int(number) > MAX_FMT_NUMBER for number in _NUMBER.findall(fmt)):
+        raise ValueError(
+            f"expected a format spec with widths and precisions of at most {MAX_FMT_NUMBER}, "
+            f"got {fmt!r}"
+        )
     try:
         format(1.5, fmt)
     except (ValueError, TypeError) as exc:
@@ -75,6 +107,9 @@ def format_value(value: float, fmt: str | None = None) -> str:
     ('12.35', '-2.5', '2.50e+17')
     >>> format_value(0.1234, ".1%"), format_value(float("nan"), ".1%")
     ('12.3%', 'nan')
+
+    ``fmt`` goes through :func:`check_fmt` (once per distinct spec), so an
+    invalid or oversized spec raises ``ValueError`` instead of costing memory.
     """
     value = float(value)
     if math.isnan(value):
@@ -82,6 +117,11 @@ def format_value(value: float, fmt: str | None = None) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if fmt is not None:
+        if fmt not in _CHECKED:
+            check_fmt(fmt)
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[fmt] = None
         return format(value, fmt)
     magnitude = abs(value)
     if magnitude == 0.0:

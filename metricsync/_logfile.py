@@ -1,4 +1,4 @@
-"""Reading (and encoding for) the JSONL metric log that the ``jsonl`` backend writes.
+"""The JSONL metric log that the ``jsonl`` backend writes: its records, encoded and parsed.
 
 Layout of ``run_dir/metrics.jsonl``: one strict JSON object per line (UTF-8,
 ``\\n``-terminated, no ``NaN``/``Infinity`` literals):
@@ -6,11 +6,22 @@ Layout of ``run_dir/metrics.jsonl``: one strict JSON object per line (UTF-8,
 - a **header** record ``{"metricsync": 1, "formats": {"loss": ".3f", "lr": null},
   "time": 1700000000.0}`` before the first step, and again whenever a key
   appears or changes format (it then holds only the new or changed keys);
-  readers merge the formats of all headers, later ones winning;
+  readers merge the formats of all headers, later ones winning. A header
+  with ``"complete": true`` holds the format of every key logged after it
+  that no later header introduces; the writer repeats one every few MiB,
+  so a reader starting from the end of the file need not go back further;
 - one **step** record per logged step,
   ``{"step": 3, "time": 1700000000.5, "values": {"loss": 0.25, "lr": "nan"}}``;
   ``time`` is ``time.time()`` at logging; NaN and infinities are stored as the
   strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+
+verl's file logger (``{"step": 3, "data": {"loss": 0.25}}`` per line, ``NaN``
+literals allowed, non-numeric values ignored) reads as a log without headers.
+
+Every record is parsed under bounds: a line of at most :data:`MAX_LINE_BYTES`,
+nesting that does not exhaust the stack, numbers that fit a float64 and
+format specs that pass :func:`~metricsync._formatting.check_fmt`. Anything
+else is a ``ValueError`` saying what was expected.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
@@ -30,28 +41,78 @@ import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from ._formatting import check_fmt
+
 __all__ = [
     "FORMAT_VERSION",
+    "LOG_NAME",
+    "MAX_LINE_BYTES",
+    "Record",
+    "TornLine",
     "decode_value",
     "encode_value",
+    "header_record",
+    "parse_record",
     "read_jsonl",
     "resolve_log_path",
     "select_keys",
+    "step_record",
 ]
 
 FORMAT_VERSION = 1
 """Version number written in every header record's ``"metricsync"`` field."""
 
 LOG_NAME = "metrics.jsonl"
+"""File name of the log inside a run directory."""
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""Longest line a reader accepts (a step of 100,000 metrics takes about 4 MiB)."""
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_JSON_CONSTANTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 Formats: TypeAlias = "dict[str, str | None]"
 Steps: TypeAlias = "list[tuple[int, dict[str, float]]]"
+
+
+class TornLine(ValueError):
+    """A line that is not complete JSON: what a process killed mid-write leaves as the last line."""
+
+
+class Record:
+    """One parsed line: a header (``formats``, ``complete``) or a step (``step``, ``values``).
+
+    >>> parse_record(b'{"step": 2, "values": {"a": 1}}')
+    Record(step=2, values={'a': 1.0})
+    """
+
+    __slots__ = ("complete", "formats", "step", "values")
+
+    def __init__(
+        self,
+        *,
+        step: int | None = None,
+        values: dict[str, float] | None = None,
+        formats: Formats | None = None,
+        complete: bool = False,
+    ) -> None:
+        self.step = step
+        self.values = values if values is not None else {}
+        self.formats = formats if formats is not None else {}
+        self.complete = complete
+
+    @property
+    def is_header(self) -> bool:
+        """True for a header record, False for a step record."""
+        return self.step is None
+
+    def __repr__(self) -> str:
+        if self.step is None:
+            return f"Record(formats={self.formats!r}, complete={self.complete})"
+        return f"Record(step={self.step}, values={self.values!r})"
 
 
 def encode_value(value: float) -> float | str:
@@ -70,16 +131,32 @@ def encode_value(value: float) -> float | str:
 def decode_value(raw: object) -> float:
     """Inverse of :func:`encode_value`; raises ``ValueError`` on anything else.
 
+    An integer too large for a float64 is a ``ValueError`` too (not an
+    ``OverflowError``).
+
     >>> decode_value(2), decode_value("inf")
     (2.0, inf)
+    >>> decode_value(10**400)
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a number that fits a float64, got an integer of 401 digits
     """
     if isinstance(raw, bool):
         raise ValueError(f"expected a number or 'nan'/'inf'/'-inf', got {raw!r}")
-    if isinstance(raw, (int, float)):
-        return float(raw)
+    if isinstance(raw, float):
+        return raw
+    if isinstance(raw, int):
+        try:
+            return float(raw)
+        except OverflowError:
+            digits = len(str(abs(raw)))
+            raise ValueError(
+                f"expected a number that fits a float64, got an integer of {digits} digits"
+            ) from None
     if isinstance(raw, str) and raw in _NONFINITE:
         return _NONFINITE[raw]
-    raise ValueError(f"expected a number or 'nan'/'inf'/'-inf', got {raw!r}")
+    shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:40] + "..."
+    raise ValueError(f"expected a number or 'nan'/'inf'/'-inf', got {shown}")
 
 
 def resolve_log_path(path: str | os.PathLike[str]) -> Path:
@@ -92,91 +169,111 @@ def resolve_log_path(path: str | os.PathLike[str]) -> Path:
     return p / LOG_NAME if p.is_dir() else p
 
 
-def _raise_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
-@dataclass
-class ScanResult:
-    """Everything :func:`scan_jsonl` learned about a log file."""
+def parse_record(line: bytes) -> Record:
+    """Parse one line (without its ``\\n``) into a :class:`Record`.
 
-    formats: Formats = field(default_factory=dict)
-    steps: Steps = field(default_factory=list)
-    headers: int = 0  # number of header records
-    valid_end: int = 0  # byte offset just past the last valid line
-    torn: str | None = None  # why the last line was dropped, if it was
-    needs_newline: bool = False  # the last valid line lacks its "\n"
+    Raises :class:`TornLine` when the line is not complete JSON, and
+    ``ValueError`` for any other problem (nesting too deep, a number beyond a
+    float64, a bad format spec, an unknown layout), never another exception.
 
+    >>> parse_record(b'{"metricsync": 1, "formats": {"lr": ".2e"}, "complete": true}')
+    Record(formats={'lr': '.2e'}, complete=True)
+    >>> parse_record(b'{"step": 7, "data": {"loss": NaN, "note": "text"}}')   # verl
+    Record(step=7, values={'loss': nan})
+    >>> parse_record(b'{"metricsync": 1, "formats": {"a": "999999.3f"}}')
+    Traceback (most recent call last):
+    ...
+    ValueError: format of 'a': expected a format spec with widths and precisions of at most 100, got '999999.3f'
+    """
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(f"expected a line of at most {MAX_LINE_BYTES} bytes, got {len(line)}")
+    constants: list[str] = []
 
-def _parse_record(line: bytes, result: ScanResult) -> None:
-    record = json.loads(line.decode("utf-8"), parse_constant=_raise_constant)
+    def constant(name: str) -> float:
+        constants.append(name)
+        return _JSON_CONSTANTS[name]
+
+    try:
+        record = json.loads(line.decode("utf-8"), parse_constant=constant)
+    except RecursionError:
+        raise ValueError("expected a flat JSON object, got nesting too deep to parse") from None
+    except UnicodeDecodeError as exc:
+        raise TornLine(f"not UTF-8 ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise TornLine(f"not complete JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     if "metricsync" in record:
-        version = record["metricsync"]
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ValueError(f"expected header version <= {FORMAT_VERSION}, got {version!r}")
-        formats = record.get("formats", {})
-        if not isinstance(formats, dict) or not all(
-            isinstance(f, str) or f is None for f in formats.values()
-        ):
-            raise ValueError(f"expected 'formats' to map keys to strings or null, got {formats!r}")
-        result.formats.update(formats)
-        result.headers += 1
-    elif "step" in record:
-        step, values = record["step"], record.get("values")
+        if constants:
+            raise ValueError(f"expected strict JSON, got the constant {constants[0]}")
+        return _header(record)
+    if "step" in record:
+        step = record["step"]
         if isinstance(step, bool) or not isinstance(step, int):
-            raise ValueError(f"expected an integer 'step', got {step!r}")
-        if not isinstance(values, dict):
-            raise ValueError(f"expected 'values' to be an object, got {values!r}")
-        result.steps.append((step, {str(k): decode_value(v) for k, v in values.items()}))
-    else:
-        raise ValueError("expected a header ('metricsync') or step ('step') record")
+            raise ValueError(f"expected an integer 'step', got {_short(repr(step))}")
+        if "values" in record:
+            if constants:
+                raise ValueError(f"expected strict JSON, got the constant {constants[0]}")
+            return Record(step=step, values=_values(record["values"], "values", strict=True))
+        if "data" in record:
+            return Record(step=step, values=_values(record["data"], "data", strict=False))
+        raise ValueError("expected a step record to hold 'values' (or verl's 'data')")
+    raise ValueError("expected a header ('metricsync') or step ('step') record")
 
 
-def scan_jsonl(path: str | os.PathLike[str]) -> ScanResult:
-    """Parse a log file, noting where its valid part ends (used to resume writing).
+def _header(record: dict[str, Any]) -> Record:
+    version = record["metricsync"]
+    if isinstance(version, bool) or not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(
+            f"expected header version <= {FORMAT_VERSION}, got {_short(repr(version))}"
+        )
+    formats = record.get("formats", {})
+    if not isinstance(formats, dict):
+        raise ValueError(f"expected 'formats' to be an object, got {type(formats).__name__}")
+    for key, fmt in formats.items():
+        if fmt is not None and not isinstance(fmt, str):
+            raise ValueError(f"format of {_short(key)!r}: expected a string or null, got {fmt!r}")
+        try:
+            check_fmt(fmt)
+        except ValueError as exc:
+            raise ValueError(f"format of {_short(key)!r}: {exc}") from None
+    return Record(formats=formats, complete=record.get("complete") is True)
 
-    An invalid last line is recorded in ``torn`` instead of raising; an
-    invalid line followed by valid ones raises ``ValueError`` with its number.
 
-    >>> import tempfile, pathlib
-    >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"
-    >>> _ = path.write_bytes(b'{"step": 1, "values": {}}\\n{"step": 2, "val')
-    >>> r = scan_jsonl(path)
-    >>> r.steps, r.valid_end, r.torn is not None
-    ([(1, {})], 26, True)
-    """
-    data = Path(path).read_bytes()
-    result = ScanResult()
-    lines = data.split(b"\n")
-    # The last element is whatever follows the final "\n": empty for a clean file.
-    last_index = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
-    offset = 0
-    for index, raw in enumerate(lines):
-        end = offset + len(raw) + (1 if index < len(lines) - 1 else 0)
-        if raw.strip():
-            try:
-                _parse_record(raw, result)
-            except (ValueError, UnicodeDecodeError) as exc:
-                if index == last_index:
-                    result.torn = f"line {index + 1}: {exc}"
-                    return result
-                raise ValueError(f"{path}: line {index + 1} is not a valid record: {exc}") from None
-            result.needs_newline = index == len(lines) - 1
-        result.valid_end = end
-        offset = end
-    return result
+def _values(raw: object, field: str, *, strict: bool) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected {field!r} to be an object, got {type(raw).__name__}")
+    values: dict[str, float] = {}
+    for key, value in raw.items():
+        if not strict and (
+            isinstance(value, bool)
+            or (
+                not isinstance(value, (int, float))
+                and not (isinstance(value, str) and value in _NONFINITE)
+            )
+        ):
+            continue  # verl logs strings and lists next to its numbers
+        try:
+            values[key] = decode_value(value)
+        except ValueError as exc:
+            raise ValueError(f"value of {_short(key)!r}: {exc}") from None
+    return values
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> tuple[Formats, Steps]:
-    """Read a metricsync JSONL log: ``(formats, [(step, values), ...])``.
+    """Read every record of a JSONL log in file order: ``(formats, [(step, values), ...])``.
 
     ``formats`` merges every header (later headers win); steps come in file
-    order, values as floats (NaN and infinities restored). A torn or invalid
-    last line (a process killed mid-write) is skipped with a warning; an
-    invalid line elsewhere raises ``ValueError`` naming the line; a missing
-    file raises ``FileNotFoundError``. ``path`` may also be a run directory.
+    order, a step logged twice appearing twice (the ``show`` and ``plot``
+    commands resolve repeats, see :mod:`metricsync._logread`), values as
+    floats. A torn last line (a process killed mid-write) is skipped with a
+    warning; an invalid line elsewhere raises ``ValueError`` naming the line;
+    a missing file raises ``FileNotFoundError``. ``path`` may also be a run
+    directory. The file is read line by line.
 
     >>> import tempfile
     >>> from metricsync._tracker import Tracker
@@ -186,22 +283,37 @@ def read_jsonl(path: str | os.PathLike[str]) -> tuple[Formats, Steps]:
     >>> read_jsonl(run_dir)
     ({'loss': None}, [(1, {'loss': nan})])
     """
+    from ._logread import iter_records
+
+    formats: Formats = {}
+    steps: Steps = []
     file = resolve_log_path(path)
-    result = scan_jsonl(file)
-    if result.torn is not None:
-        warnings.warn(
-            f"{file}: skipping a torn last line ({result.torn})", RuntimeWarning, stacklevel=2
-        )
-    return result.formats, result.steps
+    for record in iter_records(file, on_torn=lambda why: _warn_torn(file, why)):
+        if record.step is None:
+            formats.update(record.formats)
+        else:
+            steps.append((record.step, record.values))
+    return formats, steps
 
 
-def header_record(formats: Mapping[str, str | None], now: float) -> dict[str, Any]:
-    """The header record holding ``formats``.
+def _warn_torn(file: Path, why: str) -> None:
+    warnings.warn(f"{file}: skipping a torn last line ({why})", RuntimeWarning, stacklevel=4)
+
+
+def header_record(
+    formats: Mapping[str, str | None], now: float, *, complete: bool = False
+) -> dict[str, Any]:
+    """The header record holding ``formats`` (marked complete when it holds every key).
 
     >>> header_record({"loss": ".3f"}, 0.0)
     {'metricsync': 1, 'formats': {'loss': '.3f'}, 'time': 0.0}
+    >>> header_record({"loss": ".3f"}, 0.0, complete=True)["complete"]
+    True
     """
-    return {"metricsync": FORMAT_VERSION, "formats": dict(formats), "time": now}
+    record: dict[str, Any] = {"metricsync": FORMAT_VERSION, "formats": dict(formats), "time": now}
+    if complete:
+        record["complete"] = True
+    return record
 
 
 def step_record(step: int, values: Mapping[str, float], now: float) -> dict[str, Any]:
@@ -213,18 +325,17 @@ def step_record(step: int, values: Mapping[str, float], now: float) -> dict[str,
     return {"step": step, "time": now, "values": {k: encode_value(v) for k, v in values.items()}}
 
 
-def select_keys(steps: Iterable[tuple[int, Mapping[str, float]]], keys: str | None) -> list[str]:
-    """Metric keys of ``steps`` (in order of first appearance) matching ``keys``.
+def match_keys(available: Iterable[str], keys: str | None) -> list[str]:
+    """The keys of ``available`` (kept in order) that ``keys`` selects.
 
     ``keys`` is a glob (``fnmatch``, case-sensitive) or several separated by
     commas; None selects everything. No match raises ``ValueError`` listing
     what is available.
 
-    >>> steps = [(1, {"loss": 1.0, "timing/fwd": 2.0}), (2, {"timing/bwd": 3.0})]
-    >>> select_keys(steps, "timing/*"), select_keys(steps, "loss,*bwd")
-    (['timing/fwd', 'timing/bwd'], ['loss', 'timing/bwd'])
+    >>> match_keys(["loss", "timing/fwd", "timing/bwd"], "timing/*")
+    ['timing/fwd', 'timing/bwd']
     """
-    available = list(dict.fromkeys(key for _, values in steps for key in values))
+    available = list(dict.fromkeys(available))
     if keys is None:
         return available
     patterns = [p.strip() for p in keys.split(",") if p.strip()]
@@ -233,3 +344,13 @@ def select_keys(steps: Iterable[tuple[int, Mapping[str, float]]], keys: str | No
         shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")
         raise ValueError(f"no metric matches {keys!r}; available: {shown or 'none'}")
     return chosen
+
+
+def select_keys(steps: Iterable[tuple[int, Mapping[str, float]]], keys: str | None) -> list[str]:
+    """Metric keys of ``steps`` (in order of first appearance) matching ``keys`` (see :func:`match_keys`).
+
+    >>> steps = [(1, {"loss": 1.0, "timing/fwd": 2.0}), (2, {"timing/bwd": 3.0})]
+    >>> select_keys(steps, "timing/*"), select_keys(steps, "loss,*bwd")
+    (['timing/fwd', 'timing/bwd'], ['loss', 'timing/bwd'])
+    """
+    return match_keys((key for _, values in steps for key in values), keys)

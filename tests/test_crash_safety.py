@@ -10,8 +10,9 @@ file back in-process. Here:
   the child reported as logged is readable by ``read_jsonl``, by a plain
   ``json.loads`` per line that skips a torn last line, and by the
   ``metricsync show`` program in a subprocess; ``metricsync plot`` draws
-  the final file. The restart from an older step warns on stderr and both
-  copies of the repeated steps stay in the file and in ``show``.
+  the final file. The restart from an older step warns on stderr; both
+  copies of the repeated steps stay in the file, and ``show`` lists the
+  timeline: the later copies, the superseded ones left out.
 - a kill at any byte: every prefix of a real log (non-ASCII keys, NaN values,
   format headers mid-run) reads as exactly its complete lines, and a writer
   reopening that prefix cuts the torn line and appends a readable step.
@@ -107,6 +108,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _timeline(steps: list[int]) -> list[int]:
+    """What ``show`` lists: a step supersedes every later one it does not exceed."""
+    out: list[int] = []
+    for step in steps:
+        while out and out[-1] >= step:
+            out.pop()
+        out.append(step)
+    return out
+
+
 def _check_readable(run_dir: Path, written: list[int]) -> list[int]:
     """Every step the children reported is readable by all three readers; returns the steps."""
     path = run_dir / "metrics.jsonl"
@@ -123,7 +134,7 @@ def _check_readable(run_dir: Path, written: list[int]) -> list[int]:
     shown = _cli("show", str(run_dir), "--keys", "loss/max,lr", "--last", str(len(logged)))
     assert shown.returncode == 0, shown.stderr
     rows = [line.split() for line in shown.stdout.splitlines()[2:]]
-    assert [int(r[0]) for r in rows] == logged
+    assert [int(r[0]) for r in rows] == _timeline(logged)
     assert all(r[2] == "3.00e-04" for r in rows)
     assert math.isclose(float(rows[-1][1]), 2.0 / (logged[-1] + 1), rel_tol=1e-3)  # 4 digits
     return logged

@@ -54,7 +54,7 @@ def test_demo_then_show_and_plot(tmp_path: Path) -> None:
     import matplotlib.image
 
     image = matplotlib.image.imread(png)
-    assert image.shape[:2] == (600, 1200)  # five 400x300 panels, three to a row
+    assert image.shape[:2] == (300, 400)  # the five statistics share one 400x300 panel
 
     missing = _cli("show", str(tmp_path / "nope.jsonl"))
     assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1

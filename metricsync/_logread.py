@@ -1,0 +1,435 @@
+"""Streaming readers of the JSONL log: forward, from the end, and what a resuming writer needs.
+
+A log is read with bounded memory: line by line forward, or block by block
+from the end. What ``show`` and ``plot`` display is the log's *timeline*:
+
+- a step logged again at the same step (verl logs validation and training
+  metrics in two calls) merges into it, a later value winning per key;
+- a step lower than an earlier one (a run resumed from an older checkpoint)
+  supersedes every logged step after it, as TensorBoard's purge does, so the
+  timeline's steps only ever increase.
+
+Seen from the end, a record belongs to the timeline exactly when no later
+record has a lower step, so ``show --last N`` reads about N records (plus the
+way back to the nearest complete header for the formats), whatever the size
+of the file.
+
+>>> import tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"
+>>> _ = path.write_text(
+...     '{"step": 1, "data": {"a": 1}}\\n{"step": 2, "data": {"a": 2}}\\n'
+...     '{"step": 2, "data": {"b": 5}}\\n{"step": 3, "data": {"a": 3}}\\n'
+...     '{"step": 2, "data": {"a": 9}}\\n'   # a resume from step 2: step 3 is superseded
+... )
+>>> tail(path, 10).steps
+[(1, {'a': 1.0}), (2, {'a': 9.0, 'b': 5.0})]
+>>> [step for step, _ in read_timeline(path, scan(path))]
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ._logfile import MAX_LINE_BYTES, Formats, Record, Steps, TornLine, parse_record
+
+__all__ = [
+    "ReadStats",
+    "ResumePoint",
+    "Scan",
+    "Tail",
+    "iter_records",
+    "lines_backward",
+    "read_timeline",
+    "resume_point",
+    "scan",
+    "tail",
+]
+
+_BLOCK = 64 * 1024
+# A step record as the writer (and verl) lays it out starts with its step number.
+_STEP_PREFIX = re.compile(rb'\s*\{\s*"step"\s*:\s*(-?\d{1,30})\s*,')
+_HEADER_PREFIX = re.compile(rb'\s*\{\s*"metricsync"\s*:')
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class ReadStats:
+    """What a reader cost: bytes read from the file and lines parsed as JSON."""
+
+    bytes_read: int = 0
+    lines_parsed: int = 0
+
+
+def _parse(line: bytes, stats: ReadStats | None) -> Record:
+    if stats is not None:
+        stats.lines_parsed += 1
+    return parse_record(line)
+
+
+def _invalid(path: Path, line_no: int | str, exc: Exception) -> ValueError:
+    return ValueError(f"{path}: line {line_no} is not a valid record: {exc}")
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """1-based number of the line starting at ``offset`` (read only to name an error)."""
+    count = 1
+    with path.open("rb") as f:
+        remaining = offset
+        while remaining > 0:
+            block = f.read(min(1 << 20, remaining))
+            if not block:
+                break
+            count += block.count(b"\n")
+            remaining -= len(block)
+    return count
+
+
+def lines_forward(
+    f: BinaryIO, stats: ReadStats | None = None, progress: Progress | None = None
+) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, line, ended)`` from ``f``'s position on; ``ended`` is False for a last line without ``\\n``."""
+    offset = f.tell()
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if stats is not None:
+            stats.bytes_read += len(raw)
+        if progress is not None:
+            progress(len(raw))
+        ended = raw.endswith(b"\n")
+        if not ended and len(raw) > MAX_LINE_BYTES:
+            raise ValueError(f"expected lines of at most {MAX_LINE_BYTES} bytes")
+        yield offset, raw[:-1] if ended else raw, ended
+        offset += len(raw)
+
+
+def lines_backward(
+    f: BinaryIO, end: int, stats: ReadStats | None = None
+) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, line, ended)`` of the lines before byte ``end``, last line first.
+
+    Reads blocks of 64 KiB from the end (doubling while one line is longer),
+    so the cost is that of the lines consumed, not of the file.
+    """
+    pos, buf, hi, block = end, b"", 0, _BLOCK
+    while True:
+        # buf holds file[pos : pos + len(buf)]; the lines after buf[:hi] were yielded.
+        cut = buf.rfind(b"\n", 0, hi - 1) if hi > 1 else -1
+        if cut >= 0 or pos == 0:
+            start = cut + 1
+            if hi > start:
+                line = buf[start:hi]
+                ended = line.endswith(b"\n")
+                yield pos + start, line[:-1] if ended else line, ended
+            if cut < 0:
+                return
+            hi = start
+            continue
+        if hi > MAX_LINE_BYTES:
+            raise ValueError(f"expected lines of at most {MAX_LINE_BYTES} bytes")
+        if hi >= block:  # one line longer than a block: read more at a time
+            block = min(block * 2, 1 << 24)
+        size = min(block, pos)
+        pos -= size
+        f.seek(pos)
+        chunk = f.read(size)
+        if stats is not None:
+            stats.bytes_read += len(chunk)
+        buf, hi = chunk + buf[:hi], hi + len(chunk)
+
+
+def iter_records(
+    path: Path,
+    on_torn: Callable[[str], None] | None = None,
+    stats: ReadStats | None = None,
+    progress: Progress | None = None,
+) -> Iterator[Record]:
+    """Every record of the file in order, parsed; a torn last line goes to ``on_torn``.
+
+    An invalid line raises ``ValueError`` naming its number; so does a last
+    line that is complete JSON but not a valid record.
+    """
+    with path.open("rb") as f:
+        for line_no, (_, line, ended) in enumerate(lines_forward(f, stats, progress), 1):
+            if not line.strip():
+                continue
+            try:
+                yield _parse(line, stats)
+            except TornLine as exc:
+                if ended:
+                    raise _invalid(path, line_no, exc) from None
+                if on_torn is not None:
+                    on_torn(f"line {line_no}: {exc}")
+            except ValueError as exc:
+                raise _invalid(path, line_no, exc) from None
+
+
+@dataclass
+class Scan:
+    """The timeline of a log as :func:`scan` found it, most step records located but not parsed.
+
+    Timeline step ``i`` is ``steps[i]``, logged by the record on line
+    ``lines[i]`` at byte ``offsets[i]``, and by the records in ``more[i]``
+    (``(offset, line)`` pairs, in file order) when it was logged again.
+    """
+
+    formats: Formats = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)  # keys the headers name, in order
+    steps: list[int] = field(default_factory=list)
+    offsets: array[int] = field(default_factory=lambda: array("q"))
+    lines: array[int] = field(default_factory=lambda: array("q"))
+    more: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    superseded: int = 0  # records dropped because a later record went back in step
+    repeated: int = 0  # records merged into an earlier record of the same step
+    overwritten: int = 0  # of those, the ones that replaced a value (known once read)
+    headers: int = 0
+    torn: str | None = None
+    end: int = 0  # bytes taken into account (the file's size, less a torn last line)
+
+    def _add(self, step: int, offset: int, line_no: int) -> None:
+        steps = self.steps
+        while steps and steps[-1] > step:
+            index = len(steps) - 1
+            steps.pop()
+            self.offsets.pop()
+            self.lines.pop()
+            self.superseded += 1 + len(self.more.pop(index, ()))
+        if steps and steps[-1] == step:
+            self.more.setdefault(len(steps) - 1, []).append((offset, line_no))
+            self.repeated += 1
+        else:
+            steps.append(step)
+            self.offsets.append(offset)
+            self.lines.append(line_no)
+
+
+def scan(path: Path, stats: ReadStats | None = None, progress: Progress | None = None) -> Scan:
+    """Find the timeline of ``path``: headers are parsed, step records mostly only located.
+
+    A step record laid out as the writer lays it out (``{"step": N, ...}``)
+    is located by its first bytes; it is parsed later, by
+    :func:`read_timeline`, only if it is on the timeline. Memory: a few
+    dozen bytes per step, whatever the number of metrics.
+    """
+    result = Scan()
+    seen: set[str] = set()
+    with path.open("rb") as f:
+        result.end = os.fstat(f.fileno()).st_size
+        for line_no, (offset, line, ended) in enumerate(lines_forward(f, stats, progress), 1):
+            if not line.strip():
+                continue
+            # Until a header comes (verl's logs have none) keys come from parsed steps.
+            match = _STEP_PREFIX.match(line) if ended and result.headers else None
+            if match is not None and line.rstrip().endswith(b"}"):
+                result._add(int(match.group(1)), offset, line_no)
+                continue
+            try:
+                record = _parse(line, stats)
+            except TornLine as exc:
+                if ended:
+                    raise _invalid(path, line_no, exc) from None
+                result.torn, result.end = f"line {line_no}: {exc}", offset
+                break
+            except ValueError as exc:
+                raise _invalid(path, line_no, exc) from None
+            if record.step is not None:
+                result._add(record.step, offset, line_no)
+                if not result.headers:
+                    result.keys.extend(k for k in record.values if k not in seen)
+                    seen.update(record.values)
+                continue
+            result.headers += 1
+            result.keys.extend(k for k in record.formats if k not in seen)
+            seen.update(record.formats)
+            result.formats.update(record.formats)
+    return result
+
+
+def read_timeline(
+    path: Path,
+    found: Scan,
+    stats: ReadStats | None = None,
+    progress: Progress | None = None,
+) -> Iterator[tuple[int, dict[str, float]]]:
+    """Parse the records :func:`scan` located: ``(step, values)`` in step order, repeats merged.
+
+    One step's values are in memory at a time.
+    """
+    with path.open("rb") as f:
+        position = 0
+        for index, step in enumerate(found.steps):
+            values: dict[str, float] = {}
+            records = [(found.offsets[index], found.lines[index]), *found.more.get(index, ())]
+            for offset, line_no in records:
+                if offset != position:
+                    f.seek(offset)
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                position = offset + len(raw)
+                if stats is not None:
+                    stats.bytes_read += len(raw)
+                if progress is not None:
+                    progress(len(raw))
+                try:
+                    record = _parse(raw.rstrip(b"\n"), stats)
+                    if record.step != step:
+                        raise ValueError(f"expected the record of step {step}")
+                except ValueError as exc:
+                    raise _invalid(path, line_no, exc) from None
+                if values and not values.keys().isdisjoint(record.values):
+                    found.overwritten += 1
+                values.update(record.values)
+            yield step, values
+
+
+@dataclass
+class Tail:
+    """The last steps of a log's timeline, read from its end by :func:`tail`."""
+
+    formats: Formats
+    steps: Steps
+    overwritten: int = 0  # records with a value that a later record of the same step replaced
+    superseded: int = 0  # records skipped because a later one went back in step
+    torn: str | None = None
+    end: int = 0  # bytes taken into account (the file's size, less a torn last line)
+
+
+def _is_headerless(f: BinaryIO, stats: ReadStats | None) -> bool:
+    """Whether the file starts with a step record: verl's layout, where no header will come."""
+    f.seek(0)
+    for _, line, ended in lines_forward(f, stats):
+        if not line.strip():
+            continue
+        if not ended:
+            return False
+        try:
+            return not _parse(line, stats).is_header
+        except ValueError:
+            return False
+    return False
+
+
+def tail(
+    path: Path, count: int, stats: ReadStats | None = None, *, at_step: int | None = None
+) -> Tail:
+    """The last ``count`` steps of the timeline of ``path``, with the formats of their keys.
+
+    With ``at_step``, only that step, if it is on the timeline (then the
+    reading goes back as far as that step).
+
+    Reads backward until it has ``count`` steps and knows the format of each
+    of their keys: from the latest header naming it, or from a complete
+    header; a log without headers (verl's) has no formats to look for.
+    """
+    with path.open("rb") as f:
+        end = os.fstat(f.fileno()).st_size
+        headerless = _is_headerless(f, stats)
+        formats: Formats = {}
+        result = Tail(formats, [], end=end)
+        kept: list[tuple[int, dict[str, float]]] = []  # newest first
+        floor: int | None = None
+        needed: set[str] | None = None  # keys still lacking a format, once steps are done
+        for offset, line, ended in lines_backward(f, end, stats):
+            if not line.strip():
+                continue
+            if needed is not None and _STEP_PREFIX.match(line):
+                continue  # an older step: only headers matter now
+            try:
+                record = _parse(line, stats)
+            except TornLine as exc:
+                if not ended and offset + len(line) == end:
+                    result.torn, result.end = f"the line at byte {offset}: {exc}", offset
+                    continue
+                raise _invalid(path, _line_number(path, offset), exc) from None
+            except ValueError as exc:
+                raise _invalid(path, _line_number(path, offset), exc) from None
+            if record.step is None:
+                for key, fmt in record.formats.items():
+                    formats.setdefault(key, fmt)  # a later header has won already
+                    if needed is not None:
+                        needed.discard(key)
+                if needed is not None and (record.complete or not needed):
+                    break
+                continue
+            if needed is not None:
+                continue
+            step = record.step
+            if floor is None or step < floor:
+                done = len(kept) == count if at_step is None else step < at_step
+                if done:  # this step and every record before it are older
+                    needed = set() if headerless else {k for _, v in kept for k in v} - set(formats)
+                    if not needed:
+                        break
+                    continue
+                floor = step
+                if at_step is None or step == at_step:
+                    kept.append((step, dict(record.values)))
+            elif step == floor and kept and kept[-1][0] == step:
+                newer = kept[-1][1]
+                result.overwritten += not newer.keys().isdisjoint(record.values)
+                kept[-1] = (step, {**record.values, **newer})  # keys in file order
+            elif step > floor:
+                result.superseded += 1
+        result.steps = list(reversed(kept))
+        return result
+
+
+@dataclass
+class ResumePoint:
+    """What a writer reopening a log needs, read from the end of the file only."""
+
+    last_step: int | None = None
+    valid_end: int = 0  # where to append: the end, or the start of a torn last line
+    torn: str | None = None  # why the last line was cut, if it was
+    needs_newline: bool = False  # the file does not end with "\n" (once a torn line is cut)
+    problems: list[str] = field(default_factory=list)  # invalid complete lines met
+
+
+def resume_point(path: Path, max_lines: int = 1000) -> ResumePoint:
+    """Where a writer reopening ``path`` appends, and the last step logged.
+
+    Never raises for the file's content: a torn last line is reported in
+    ``torn`` (the writer cuts it off), an invalid complete line in
+    ``problems`` (the writer appends after it). At most ``max_lines`` lines
+    are parsed looking for the last step record, so reopening costs the same
+    for a file of any size.
+    """
+    point = ResumePoint()
+    with path.open("rb") as f:
+        end = os.fstat(f.fileno()).st_size
+        point.valid_end = end
+        if end:
+            f.seek(end - 1)
+            point.needs_newline = f.read(1) != b"\n"
+        try:
+            for index, (offset, line, ended) in enumerate(lines_backward(f, end)):
+                if index >= max_lines:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    record = parse_record(line)
+                except TornLine as exc:
+                    if not ended and offset + len(line) == end:
+                        point.torn, point.valid_end = f"the line at byte {offset}: {exc}", offset
+                        point.needs_newline = False
+                    else:
+                        point.problems.append(f"the line at byte {offset}: {exc}")
+                    continue
+                except ValueError as exc:
+                    point.problems.append(f"the line at byte {offset}: {exc}")
+                    continue
+                if record.step is not None:
+                    point.last_step = record.step
+                    break
+        except ValueError as exc:  # a line longer than any record
+            point.problems.append(str(exc))
+    return point
