@@ -13,8 +13,8 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
 	$(PIP) -e ".[torch,plot]"
 	touch $@
 
-$(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt
-	$(PIP) -e ".[torch,plot,dev,ray,tensorboard,wandb,mlflow]"
+$(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt metricsync/_version.py
+	$(PIP) -e ".[all,dev,docs]"
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

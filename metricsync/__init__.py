@@ -18,6 +18,7 @@ from ._histogram import Histogram
 from ._metrics import Metrics, merge
 from ._spec import Spec
 from ._tracker import Tracker
+from ._version import __version__ as __version__
 
 __all__ = [
     "CodecError",
@@ -31,7 +32,6 @@ __all__ = [
     "collect",
     "merge",
 ]
-__version__ = "0.1.0"
 
 for _public in (CodecError, Metrics, MetricsyncError, Spec, SpecMismatchError, SyncError, Tracker):
     _public.__module__ = __name__  # tracebacks and reprs show metricsync.X, the public path
