@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test test-matrix docs lint typecheck bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,18 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-matrix
+
+# The tests that need no torch on Python 3.10, 3.12 and 3.13 (each found on PATH or under
+# pyenv; a missing one is skipped), in venvs under .venv-matrix/ holding numpy, pytest and
+# hypothesis only. MATRIX_PYTHONS="3.12" narrows it; MATRIX_PYTHONS="" turns it off.
+test-matrix:
+	tools/test-matrix.sh
+
+# The documentation site, built strictly (a broken reference or link fails) into site/.
+# tests/test_docs.py runs the same build, so `make test` checks it too.
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check metricsync tests bench examples
@@ -34,4 +46,4 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/quantiles.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-matrix site build *.egg-info .pytest_cache .mypy_cache .ruff_cache
