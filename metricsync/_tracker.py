@@ -31,6 +31,7 @@ from .backends import (
     backend_options,
     create_backend,
 )
+from .backends._config import as_config
 
 __all__ = ["BackendEntry", "Tracker", "detect_rank", "unwrap"]
 
@@ -226,8 +227,6 @@ class Tracker:
         self._check_options(names, backend_options)
         self._histogram_patterns = _histogram_patterns(histograms)
         if config is not None:
-            from .backends._config import as_config
-
             backend_options["config"] = as_config(config)
         self.rank = detect_rank(rank)
         self.run_dir = Path(run_dir)

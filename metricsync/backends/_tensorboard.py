@@ -64,6 +64,7 @@ class TensorBoardBackend:
         config: Mapping[str, Any] | None = None,
     ) -> None:
         try:
+            import tensorboard  # noqa: F401  (first, so a missing package is reported as such)
             from tensorboard.compat.proto import (
                 event_pb2,
                 summary_pb2,
