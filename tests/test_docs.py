@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -77,3 +78,55 @@ def test_every_integration_guide_is_in_the_navigation(site: Path) -> None:
     for guide in sorted((ROOT / "docs" / "integrations").glob("*.md")):
         assert f"integrations/{guide.name}" in config
         assert (site / "integrations" / guide.stem / "index.html").exists()
+
+
+def _griffe_rst():  # type: ignore[no-untyped-def]
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("griffe_rst", ROOT / "tools" / "griffe_rst.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docstring_converter_fences_examples_tables_and_literal_blocks() -> None:
+    convert = _griffe_rst().convert
+    text = "\n".join(
+        [
+            "See :func:`~pkg.mod.f` and :mod:`pkg._private`.",
+            "",
+            "==== =====",
+            "name value",
+            "==== =====",
+            "a    1",
+            "==== =====",
+            "",
+            "Declare it in ``pyproject.toml``::",
+            "",
+            "    [x]",
+            '    y = "z"',
+            "",
+            ">>> f(1)",
+            "2",
+            "",
+            "After.",
+        ]
+    )
+    private = {"pkg.mod.f": "pkg.mod.f", "pkg._private": None}
+    got = convert(text, private.get).split("\n")
+    assert got[0] == "See [`f`][pkg.mod.f] and `_private`."
+    assert got[2:9] == [
+        "```text",
+        "==== =====",
+        "name value",
+        "==== =====",
+        "a    1",
+        "==== =====",
+        "```",
+    ]
+    assert "Declare it in ``pyproject.toml``:" in got
+    start = got.index("```text", 9)
+    assert got[start : start + 4] == ["```text", "[x]", 'y = "z"', "```"]
+    start = got.index("```pycon")
+    assert got[start : start + 4] == ["```pycon", ">>> f(1)", "2", "```"]
+    assert got[-1] == "After."

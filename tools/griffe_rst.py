@@ -32,8 +32,9 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _fence(block: list[str], language: str, indent: int) -> list[str]:
-    pad = " " * indent
+def _fence(block: list[str], language: str, indent: int, at: int | None = None) -> list[str]:
+    """``block`` less ``indent`` columns, fenced at column ``at`` (default: ``indent``)."""
+    pad = " " * (indent if at is None else at)
     body = [line[indent:] if line.strip() else "" for line in block]
     return [f"{pad}```{language}", *(pad + line if line else "" for line in body), f"{pad}```"]
 
@@ -85,7 +86,8 @@ def convert(text: str, resolve: Any = None) -> str:
                 block.pop()
             if block:
                 out.append("")
-                out.extend(_fence(block, "text", min(_indent(b) for b in block if b.strip())))
+                inner = min(_indent(b) for b in block if b.strip())
+                out.extend(_fence(block, "text", inner, at=base))
                 out.append("")
             continue
         out.append(line)
