@@ -36,8 +36,8 @@ docs: $(VENV)/.test-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.test-installed
-	$(VENV)/bin/ruff check metricsync tests bench examples
-	$(VENV)/bin/ruff format --check metricsync tests bench examples
+	$(VENV)/bin/ruff check metricsync tests bench examples tools conftest.py
+	$(VENV)/bin/ruff format --check metricsync tests bench examples tools conftest.py
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.test-installed
