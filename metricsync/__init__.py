@@ -19,6 +19,7 @@ from ._histogram import Histogram
 from ._metrics import Metrics, merge
 from ._spec import Spec
 from ._tracker import Tracker
+from ._version import __version__ as __version__
 
 __all__ = [
     "CodecError",
@@ -34,7 +35,6 @@ __all__ = [
     "collect",
     "merge",
 ]
-__version__ = "0.1.0"
 
 for _public in (
     CodecError,

@@ -12,49 +12,31 @@ step 1 | loss   0.6931  lr 3.00e-04
 
 from __future__ import annotations
 
+import fnmatch
+import inspect
 import operator
 import os
-import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from .backends import BACKEND_OPTIONS, Backend, create_backend
+from ._rank import detect_rank
+from .backends import (
+    BACKEND_OPTIONS,
+    Backend,
+    BackendFactory,
+    available_backends,
+    backend_options,
+    create_backend,
+)
+from .backends._config import as_config
 
-__all__ = ["Tracker", "detect_rank"]
+__all__ = ["BackendEntry", "Tracker", "detect_rank", "unwrap"]
 
-_KNOWN_OPTIONS = frozenset().union(*BACKEND_OPTIONS.values())
-
-
-def detect_rank(rank: int | None = None) -> int:
-    """This process's rank: ``rank`` if given, else torch.distributed's, else ``$RANK``, else 0.
-
-    torch.distributed is asked only when it is already imported and its
-    default process group is initialized (an uninitialized or unimported one
-    cannot hold a rank), so this never pays for importing torch.
-
-    >>> detect_rank(3)
-    3
-    >>> import os
-    >>> detect_rank() == int(os.environ.get("RANK", "0"))
-    True
-    """
-    if rank is not None:
-        if isinstance(rank, bool) or operator.index(rank) < 0:
-            raise ValueError(f"expected rank to be a non-negative int, got {rank!r}")
-        return operator.index(rank)
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    env = os.environ.get("RANK", "").strip()
-    if not env:
-        return 0
-    try:
-        return int(env)
-    except ValueError:
-        raise ValueError(f"expected $RANK to be an integer, got {env!r}") from None
+BackendEntry = str | Backend | BackendFactory
+"""What ``Tracker(backends=...)`` takes: a name, a backend object or a factory."""
 
 
 def _to_float(key: str, value: object) -> float:
@@ -112,21 +94,82 @@ def unwrap(metrics: Any) -> tuple[dict[str, float], dict[str, str | None]]:
     return values, {key: formats.get(key) for key in values}
 
 
+def _is_backend(obj: object) -> bool:
+    """A backend object: has ``log`` and ``close`` and is not a class (a class is a factory)."""
+    return (
+        not isinstance(obj, type)
+        and callable(getattr(obj, "log", None))
+        and callable(getattr(obj, "close", None))
+    )
+
+
+def _call_factory(factory: Callable[..., Any], directory: Path) -> Backend:
+    """``factory(directory)`` when it takes a required positional argument, else ``factory()``."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        wants_dir = True
+    else:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        wants_dir = any(p.kind in positional and p.default is p.empty for p in parameters)
+    made = factory(directory) if wants_dir else factory()
+    if not _is_backend(made):
+        name = getattr(factory, "__qualname__", type(factory).__name__)
+        raise TypeError(
+            f"backend factory {name} returned {type(made).__name__}, expected an object with "
+            "log(values, step, formats) and close()"
+        )
+    return cast(Backend, made)
+
+
+def _histogram_patterns(histograms: bool | str | Sequence[str] | None) -> tuple[str, ...]:
+    if histograms is None or histograms is False:
+        return ()
+    if histograms is True:
+        return ("*",)
+    if isinstance(histograms, str):
+        return (histograms,)
+    patterns = tuple(histograms)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"expected histograms to be a bool, a glob or globs, got {histograms!r}")
+    return patterns
+
+
 class Tracker:
     """Fan computed metrics out to logging backends; only rank 0 writes by default.
 
-    ``backends`` holds names (``"console"``, ``"jsonl"``, ``"tensorboard"``,
-    ``"wandb"``, ``"mlflow"``; see :mod:`metricsync.backends`) and/or backend
-    objects (anything with ``log(values, step, formats)`` and ``close()``).
-    ``console_keys`` is a glob (or list of globs) limiting what the console
-    prints; ``backend_options`` go to the backends that accept them
-    (``project=``, ``name=``, ``mode=`` for wandb, ``experiment=``,
+    ``backends`` holds any mix of
+
+    - names: ``"console"``, ``"jsonl"``, ``"tensorboard"``, ``"wandb"``,
+      ``"mlflow"``, ``"swanlab"``, ``"trackio"`` (see :mod:`metricsync.backends`),
+      names added with :func:`metricsync.backends.register_backend`, and names
+      that installed packages declare in the entry-point group
+      ``metricsync.backends``;
+    - factories: a class or callable returning a backend, called with the
+      run directory (when it takes a required argument) or with nothing,
+      and only on the ranks that write, so other ranks create nothing;
+    - backend objects (anything with ``log(values, step, formats)`` and
+      ``close()``), already made by the caller; the Tracker closes them at
+      ``close()``, on every rank.
+
+    ``config`` (a mapping, a dataclass instance or an ``argparse.Namespace``)
+    holds the run's hyperparameters and reaches every backend that records
+    them: TensorBoard hparams, MLflow params, W&B, SwanLab and Trackio config.
+    ``histograms`` (``True``, a glob or a list of globs) selects quantile
+    metrics whose distribution is logged as a histogram, drawn from the merged
+    sketch (:meth:`metricsync.Metrics.histograms`), to the backends that have
+    ``log_histograms`` (TensorBoard, W&B, Trackio, and any custom backend with
+    that method). ``console_keys`` is a glob (or list of globs) limiting what the
+    console prints; ``backend_options`` go to the backends that accept them
+    (``project=``, ``name=``, ``mode=`` for wandb and swanlab, ``experiment=``,
     ``tracking_uri=`` for mlflow, ``fsync=`` for jsonl, ...).
 
-    The rank comes from :func:`detect_rank`. With ``rank_zero_only=True`` (the
-    default) other ranks create no backend, write nothing and return from
-    ``log`` at once, without computing. With ``rank_zero_only=False`` every
-    rank logs; ranks other than 0 write under ``run_dir/rank<N>``.
+    The rank comes from :func:`~metricsync._rank.detect_rank`. With
+    ``rank_zero_only=True`` (the default) other ranks create no backend, write
+    nothing and return from ``log`` at once, without computing. With
+    ``rank_zero_only=False`` every rank logs; ranks other than 0 write under
+    ``run_dir/rank<N>``. Names and options are checked on every rank, so a
+    mistake raises everywhere instead of on rank 0 alone.
 
     ``log`` takes a Metrics (values from ``compute()``, formats from
     ``key_formats()``) or a dict of numbers (Python, numpy or 0-d torch
@@ -147,55 +190,55 @@ class Tracker:
     ...             tracker.log({"loss": 1.0}, step)
     >>> [str(w.message).split(" and ")[0] for w in caught]
     ["metricsync: backend 'Failing' failed at step 0"]
-    >>> Tracker(run_dir=tempfile.mkdtemp(), rank=1).backends
-    ()
+    >>> made = []
+    >>> def factory():
+    ...     made.append(Failing())
+    ...     return made[-1]
+    >>> Tracker(("jsonl", factory), run_dir=tempfile.mkdtemp(), rank=1).backends, made
+    ((), [])
     """
 
     def __init__(
         self,
-        backends: str | Backend | Iterable[str | Backend] = ("jsonl",),
+        backends: BackendEntry | Iterable[BackendEntry] = ("jsonl",),
         run_dir: str | os.PathLike[str] = "runs/metricsync",
         *,
         rank: int | None = None,
         rank_zero_only: bool = True,
         console_keys: str | Sequence[str] | None = None,
+        config: Any = None,
+        histograms: bool | str | Sequence[str] = False,
         **backend_options: Any,
     ) -> None:
-        unknown = sorted(set(backend_options) - _KNOWN_OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"unexpected backend option(s) {', '.join(unknown)}; "
-                f"expected some of {', '.join(sorted(_KNOWN_OPTIONS))}"
-            )
-        entries: list[str | Backend]
-        if isinstance(backends, str) or _is_backend(backends):
-            entries = [cast("str | Backend", backends)]
+        entries: list[BackendEntry]
+        if isinstance(backends, str) or _is_backend(backends) or callable(backends):
+            entries = [cast(BackendEntry, backends)]
         else:
-            entries = list(cast("Iterable[str | Backend]", backends))
+            entries = list(cast("Iterable[BackendEntry]", backends))
         names = [e for e in entries if isinstance(e, str)]
         for entry in entries:
-            if isinstance(entry, str):
-                if entry not in BACKEND_OPTIONS:
-                    raise ValueError(
-                        f"expected backend names among {', '.join(sorted(BACKEND_OPTIONS))} "
-                        f"or backend objects, got {entry!r}"
-                    )
-            elif not _is_backend(entry):
+            if not isinstance(entry, str) and not _is_backend(entry) and not callable(entry):
                 raise TypeError(
-                    "expected backend names or objects with log(values, step, formats) and "
-                    f"close(), got {type(entry).__name__}"
+                    "expected backend names, objects with log(values, step, formats) and "
+                    f"close(), or factories returning one, got {type(entry).__name__}"
                 )
         if len(set(names)) != len(names):
             raise ValueError(f"expected each backend once, got {names}")
+        self._check_options(names, backend_options)
+        self._histogram_patterns = _histogram_patterns(histograms)
+        if config is not None:
+            backend_options["config"] = as_config(config)
         self.rank = detect_rank(rank)
         self.run_dir = Path(run_dir)
         self.active = self.rank == 0 or not rank_zero_only
         directory = self.run_dir if self.rank == 0 else self.run_dir / f"rank{self.rank}"
         self._backends: list[tuple[str, Backend]] = []
+        self._idle: list[Backend] = []  # objects handed to a rank that does not write
         self._reported: set[str] = set()
         self._closed = False
         self._last_step: int | None = None
         if not self.active:
+            self._idle = [cast(Backend, e) for e in entries if _is_backend(e)]
             return
         try:
             for entry in entries:
@@ -204,15 +247,13 @@ class Tracker:
                         entry, directory, backend_options, console_keys=console_keys
                     )
                     self._backends.append((entry, made))
-                else:
-                    label, taken = type(entry).__name__, {lab for lab, _ in self._backends}
-                    if label in taken:  # two objects of one class: tell them apart in warnings
-                        label = next(
-                            f"{label}#{i}"
-                            for i in range(2, len(taken) + 3)
-                            if f"{label}#{i}" not in taken
-                        )
-                    self._backends.append((label, entry))
+                    continue
+                backend = (
+                    cast(Backend, entry)
+                    if _is_backend(entry)
+                    else _call_factory(cast("Callable[..., Any]", entry), directory)
+                )
+                self._backends.append((self._label(type(backend).__name__), backend))
         except BaseException:
             self.close()
             raise
@@ -220,9 +261,41 @@ class Tracker:
         known = [s for s in steps if isinstance(s, int)]
         self._last_step = max(known) if known else None
 
+    @staticmethod
+    def _check_options(names: list[str], options: Mapping[str, Any]) -> None:
+        """Unknown names raise ValueError; options no chosen or built-in backend takes, TypeError."""
+        known = set().union(*BACKEND_OPTIONS.values())
+        takes_any = False
+        for name in names:
+            if name in BACKEND_OPTIONS:
+                continue
+            if name not in available_backends():
+                raise ValueError(
+                    f"expected backend names among {', '.join(available_backends())} or backend "
+                    f"objects or factories, got {name!r}"
+                )
+            accepted = backend_options(name)
+            if accepted is None:
+                takes_any = True
+            else:
+                known |= accepted
+        unknown = sorted(set(options) - known)
+        if unknown and not takes_any:
+            raise TypeError(
+                f"unexpected backend option(s) {', '.join(unknown)}; "
+                f"expected some of {', '.join(sorted(known))}"
+            )
+
+    def _label(self, label: str) -> str:
+        taken = {lab for lab, _ in self._backends}
+        if label not in taken:
+            return label
+        # two backends of one class: tell them apart in warnings
+        return next(f"{label}#{i}" for i in range(2, len(taken) + 3) if f"{label}#{i}" not in taken)
+
     @property
     def backends(self) -> tuple[str, ...]:
-        """Labels of the active backends (names, or class names of objects).
+        """Labels of the backends this rank writes to (names, or class names of objects).
 
         >>> import tempfile
         >>> Tracker(("console", "jsonl"), run_dir=tempfile.mkdtemp()).backends
@@ -232,6 +305,9 @@ class Tracker:
 
     def log(self, metrics: Any, step: int) -> None:
         """Log a Metrics or a dict of numbers at ``step`` to every backend.
+
+        With ``histograms=`` set, the selected quantile metrics of a Metrics
+        also go, as histograms, to the backends that have ``log_histograms``.
 
         >>> import tempfile
         >>> with Tracker("console", run_dir=tempfile.mkdtemp()) as tracker:
@@ -254,11 +330,34 @@ class Tracker:
                 stacklevel=2,
             )
         self._last_step = step
+        histograms = self._histograms(metrics)
         for label, backend in self._backends:
             try:
                 backend.log(dict(values), step, dict(formats))
             except Exception as exc:
                 self._report(label, f"failed at step {step}", exc)
+                continue
+            log_histograms = getattr(backend, "log_histograms", None)
+            if histograms and callable(log_histograms):
+                try:
+                    log_histograms(dict(histograms), step)
+                except Exception as exc:
+                    self._report(label, f"failed to log histograms at step {step}", exc)
+
+    def _histograms(self, metrics: Any) -> dict[str, Any]:
+        """The selected histograms of ``metrics``; none unless a backend can take them."""
+        patterns = self._histogram_patterns
+        wanted = patterns and any(
+            callable(getattr(b, "log_histograms", None)) for _, b in self._backends
+        )
+        read = getattr(metrics, "histograms", None)
+        if not wanted or not callable(read):
+            return {}
+        return {
+            key: hist
+            for key, hist in read().items()
+            if any(fnmatch.fnmatchcase(key, p) for p in patterns)
+        }
 
     def _report(self, label: str, what: str, exc: Exception) -> None:
         if label in self._reported:
@@ -274,7 +373,8 @@ class Tracker:
     def close(self) -> None:
         """Close every backend (a failing one is reported, the others still close).
 
-        Calling it again does nothing.
+        Backend objects handed to a Tracker on a rank that does not write are
+        closed here too. Calling it again does nothing.
 
         >>> import tempfile
         >>> tracker = Tracker(run_dir=tempfile.mkdtemp())
@@ -283,7 +383,8 @@ class Tracker:
         if self._closed:
             return
         self._closed = True
-        for label, backend in self._backends:
+        idle = [(self._label(type(b).__name__), b) for b in self._idle]
+        for label, backend in self._backends + idle:
             try:
                 backend.close()
             except Exception as exc:
@@ -307,7 +408,3 @@ class Tracker:
             f"Tracker(backends={self.backends!r}, run_dir={str(self.run_dir)!r}, "
             f"rank={self.rank}, {state})"
         )
-
-
-def _is_backend(obj: object) -> bool:
-    return callable(getattr(obj, "log", None)) and callable(getattr(obj, "close", None))

@@ -111,6 +111,8 @@ def test_plot_writes_a_png_of_the_expected_size(log_file: Path, tmp_path: Path) 
 def test_errors_print_one_line_and_exit_non_zero(
     log_file: Path, tmp_path: Path, args: list[str], needle: str
 ) -> None:
+    if args[0] == "plot":
+        pytest.importorskip("matplotlib")  # plot reports a missing matplotlib first
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": NaN}\n{"step": 1, "values": {}}\n')
     paths = {

@@ -19,6 +19,7 @@ HEAD = struct.Struct("<4sHHIQ")
 
 
 def _rich() -> ms.Metrics:
+    pytest.importorskip("torch")  # format_example() records a torch tensor
     result: ms.Metrics = format_example()
     return result
 

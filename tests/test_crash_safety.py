@@ -31,6 +31,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import metricsync as ms
 from metricsync._logfile import read_jsonl
@@ -141,6 +142,7 @@ def _check_readable(run_dir: Path, written: list[int]) -> list[int]:
 
 
 def test_sigkilled_runs_keep_every_written_step_and_restarts_append(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # it ends by plotting the log
     rng = np.random.default_rng(7)
     run_dir = tmp_path / "run"
     written, _ = _run_and_kill(run_dir, 0, int(rng.integers(20, 60)))

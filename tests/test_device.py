@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
-import metricsync as ms
-from metricsync import _convert as device_mod
+torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
+
+import metricsync as ms  # noqa: E402
+from metricsync import _convert as device_mod  # noqa: E402
 
 READS = ("item", "cpu", "tolist", "numpy")
 SPECS = {

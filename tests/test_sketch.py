@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,8 @@ from metricsync._sketch import (
     query,
     sketch_layout,
 )
+
+torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 QS = (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0)
 SLACK = 1e-9  # relative slack on top of the accuracy, for float64 rounding at bucket edges

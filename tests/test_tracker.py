@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from metricsync._logfile import read_jsonl
 from metricsync._tracker import Tracker, detect_rank
+
+torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 
 def _strict_lines(path: Path) -> list[dict]:
@@ -293,6 +294,8 @@ def test_failing_backend_warns_once_and_others_go_on(tmp_path: Path) -> None:
         ("wandb", ["wandb"], "metricsync[wandb]"),
         ("mlflow", ["mlflow", "mlflow.entities", "mlflow.tracking"], "metricsync[mlflow]"),
         ("tensorboard", ["tensorboard"], "metricsync[tensorboard]"),
+        ("swanlab", ["swanlab"], "metricsync[swanlab]"),
+        ("trackio", ["trackio"], "metricsync[trackio]"),
     ],
 )
 def test_missing_optional_package_names_the_extra(
@@ -307,7 +310,9 @@ def test_missing_optional_package_names_the_extra(
 
 
 def test_bad_backend_names_and_options(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="console, jsonl, mlflow, tensorboard, wandb"):
+    with pytest.raises(
+        ValueError, match="console, jsonl, mlflow, swanlab, tensorboard, trackio, wandb"
+    ):
         Tracker(("jsonl", "jsnol"), run_dir=tmp_path)
     with pytest.raises(ValueError, match="once"):
         Tracker(("jsonl", "jsonl"), run_dir=tmp_path)

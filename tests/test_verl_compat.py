@@ -8,12 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
 from metricsync.verl_compat import AggregationType, Metric, reduce_metrics
+
+torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 # One list of micro-batch values per DP rank; ranks hold different numbers of values.

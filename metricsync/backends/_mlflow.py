@@ -6,7 +6,9 @@ else a SQLite store in the run directory, ``sqlite:///<abs run_dir>/mlflow.db``
 a ``file:`` URI still works when that variable is set). The run goes into the
 experiment ``experiment`` (default ``"metricsync"``, created if missing) and is
 named ``name``. The client API is used instead of ``mlflow.start_run``, so the
-process's global active run is left alone.
+process's global active run is left alone. ``config`` becomes the run's
+params (nested keys joined with ``/``, values as text cut at 6000
+characters, MLflow's limit).
 
 MLflow accepts metric names of letters, digits, ``_ - . : /`` and spaces, and
 rejects names that are not normalized paths; :func:`mlflow_key` replaces any
@@ -26,12 +28,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import missing_package
+from ._config import as_config, flat_config
+from ._protocol import missing_package
 
 __all__ = ["MlflowBackend", "mlflow_key"]
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call
+_PARAM_BATCH = 100  # ... and of params per call
+_PARAM_LENGTH = 6000  # the longest param value MLflow stores
 
 
 def mlflow_key(key: str) -> str:
@@ -56,6 +61,10 @@ class MlflowBackend:
     >>> client = MlflowClient(backend.tracking_uri)
     >>> [(m.step, m.value) for m in client.get_metric_history(backend.run_id, "acc_1")]
     [(1, 0.25)]
+    >>> backend = MlflowBackend("unused", tracking_uri=uri, config={"optim": {"lr": 3e-4}})
+    >>> backend.close()
+    >>> client.get_run(backend.run_id).data.params
+    {'optim/lr': '0.0003'}
     """
 
     def __init__(
@@ -66,9 +75,10 @@ class MlflowBackend:
         experiment: str = "metricsync",
         name: str | None = None,
         tags: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         try:
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric, Param
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
             raise ImportError(missing_package("mlflow", "mlflow", "mlflow")) from exc
@@ -89,6 +99,19 @@ class MlflowBackend:
         self.run_id: str = run.info.run_id
         self._keys: dict[str, str] = {}
         self._closed = False
+        if config is not None:
+            params = [
+                Param(mlflow_key(key), str(value)[:_PARAM_LENGTH])
+                for key, value in flat_config(as_config(config)).items()
+            ]
+            try:
+                for start in range(0, len(params), _PARAM_BATCH):
+                    batch = params[start : start + _PARAM_BATCH]
+                    self._client.log_batch(self.run_id, params=batch)
+            except BaseException:
+                self._closed = True
+                self._client.set_terminated(self.run_id, status="FAILED")
+                raise
 
     def log(
         self, values: Mapping[str, float], step: int, formats: Mapping[str, str | None]

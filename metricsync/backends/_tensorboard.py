@@ -1,15 +1,25 @@
-"""The ``tensorboard`` backend: scalar event files under ``run_dir``.
+"""The ``tensorboard`` backend: event files under ``run_dir``, in double precision.
 
-Uses ``torch.utils.tensorboard.SummaryWriter`` when torch is installed, else
-TensorBoard's own framework-free ``tensorboard.summary.Writer``. Each key is
-one scalar series (``add_scalar(key, value, step)``, never ``add_scalars``,
-which would scatter keys over sub-directories); the writer is flushed every
-step. Reopening a run directory adds a new event file that TensorBoard reads
-together with the earlier ones.
+Events are written with TensorBoard's own event-file writer and protocol
+buffers (what ``torch.utils.tensorboard.SummaryWriter`` uses underneath), so
+neither torch nor TensorFlow is needed:
+
+- every value is a scalar series (one tag per key, never ``add_scalars``,
+  which would scatter keys over sub-directories) stored as a float64 tensor,
+  as ``SummaryWriter.add_scalar(..., new_style=True, double_precision=True)``
+  does, so a logged ``1e-6`` reads back as ``1e-06``, not ``9.99999997e-07``;
+- histograms (``Tracker(histograms=...)``) are TensorBoard histograms tagged
+  ``<name>/histogram``, as ``SummaryWriter.add_histogram_raw`` writes them,
+  at most 512 buckets;
+- ``config`` becomes the run's hyperparameters in the HParams dashboard
+  (nested keys joined with ``/``).
+
+The writer is flushed every step. Reopening a run directory adds a new event
+file that TensorBoard reads together with the earlier ones.
 
 >>> import tempfile, pathlib
 >>> run_dir = pathlib.Path(tempfile.mkdtemp())
->>> backend = TensorBoardBackend(run_dir)
+>>> backend = TensorBoardBackend(run_dir, config={"lr": 3e-4})
 >>> backend.log({"loss": 0.5}, 1, {})
 >>> backend.close()
 >>> any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
@@ -19,17 +29,25 @@ True
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import missing_package
+import numpy as np
+
+from ._buckets import MAX_BUCKETS, bounded_buckets, histogram_key
+from ._config import as_config, flat_config
+from ._protocol import missing_package
+
+if TYPE_CHECKING:
+    from .._histogram import Histogram
 
 __all__ = ["TensorBoardBackend"]
 
 
 class TensorBoardBackend:
-    """Write every value as a TensorBoard scalar under ``run_dir``.
+    """Write every value as a float64 TensorBoard scalar under ``run_dir``.
 
     Raises ``ImportError`` naming ``metricsync[tensorboard]`` when the
     ``tensorboard`` package is missing.
@@ -38,30 +56,97 @@ class TensorBoardBackend:
     >>> TensorBoardBackend(tempfile.mkdtemp()).close()
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, flush_secs: int = 120) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        flush_secs: int = 120,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         try:
-            import tensorboard  # noqa: F401  (SummaryWriter needs it too)
+            import tensorboard  # noqa: F401  (first, so a missing package is reported as such)
+            from tensorboard.compat.proto import (
+                event_pb2,
+                summary_pb2,
+                tensor_pb2,
+                tensor_shape_pb2,
+                types_pb2,
+            )
+            from tensorboard.plugins.scalar import metadata as scalar_metadata
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError as exc:
             raise ImportError(missing_package("tensorboard", "tensorboard", "tensorboard")) from exc
-        directory = str(Path(run_dir))
-        self._writer: Any
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            from tensorboard.summary import Writer
-
-            self._writer = Writer(directory)
-        else:
-            self._writer = SummaryWriter(log_dir=directory, flush_secs=flush_secs)
+        self._event = event_pb2.Event
+        self._summary = summary_pb2.Summary
+        self._histogram = summary_pb2.HistogramProto
+        self._tensor = tensor_pb2.TensorProto
+        self._scalar_shape = tensor_shape_pb2.TensorShapeProto()
+        self._double = types_pb2.DT_DOUBLE
+        self._scalar_metadata = scalar_metadata.create_summary_metadata(
+            display_name="", description=""
+        )
+        self._described: set[str] = set()  # tags whose plugin metadata this file already holds
+        self._writer: Any = EventFileWriter(str(Path(run_dir)), flush_secs=flush_secs)
         self._closed = False
+        if config is not None:
+            self._write_hparams(flat_config(as_config(config)))
+
+    def _write(self, step: int, values: list[Any]) -> None:
+        summary = self._summary(value=values)
+        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write_hparams(self, hparams: Mapping[str, bool | int | float | str]) -> None:
+        from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+        info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+        for key, value in hparams.items():
+            if isinstance(value, bool):
+                info.hparams[key].bool_value = value
+            elif isinstance(value, (int, float)):
+                info.hparams[key].number_value = value
+            else:
+                info.hparams[key].string_value = value
+        data = plugin_data_pb2.HParamsPluginData(session_start_info=info)
+        tag = metadata.SESSION_START_INFO_TAG
+        meta = metadata.create_summary_metadata(data)
+        self._write(0, [self._summary.Value(tag=tag, metadata=meta)])
+        self._writer.flush()
 
     def log(
         self, values: Mapping[str, float], step: int, formats: Mapping[str, str | None]
     ) -> None:
-        """Add one scalar per key at ``step`` and flush."""
+        """One event holding a float64 scalar per key at ``step``; then flush."""
+        items = []
         for key, value in values.items():
-            self._writer.add_scalar(key, value, step)
+            tensor = self._tensor(
+                dtype=self._double, double_val=[value], tensor_shape=self._scalar_shape
+            )
+            item = self._summary.Value(tag=key, tensor=tensor)
+            if key not in self._described:
+                item.metadata.CopyFrom(self._scalar_metadata)
+                self._described.add(key)
+            items.append(item)
+        self._write(step, items)
         self._writer.flush()
+
+    def log_histograms(self, histograms: Mapping[str, Histogram], step: int) -> None:
+        """One TensorBoard histogram per key at ``step`` (adjacent buckets merged past 512)."""
+        items = []
+        for key, hist in histograms.items():
+            edges, counts = bounded_buckets(hist.edges, hist.counts, MAX_BUCKETS)
+            proto = self._histogram(
+                min=float(edges[0]),
+                max=float(edges[-1]),
+                num=float(np.sum(counts)),
+                sum=hist.sum,
+                sum_squares=hist.sum_squares,
+                bucket_limit=edges[1:].tolist(),
+                bucket=counts.tolist(),
+            )
+            items.append(self._summary.Value(tag=histogram_key(key), histo=proto))
+        if items:
+            self._write(step, items)
+            self._writer.flush()
 
     def close(self) -> None:
         """Flush and close the event file; calling it again does nothing."""

@@ -4,8 +4,11 @@
 ``dir=run_dir``; the mode comes from the ``mode`` option or, failing that,
 wandb's own ``WANDB_MODE`` (``offline`` writes ``<dir>/wandb/offline-run-*``
 without touching the network). ``project``, ``name``, ``entity``, ``group``,
-``tags`` and ``config`` are passed through when given. Each step is one
-``run.log(values, step=step)``; metric keys with ``/`` become W&B sections.
+``tags`` and ``config`` (the run's hyperparameters) are passed through when
+given. Each step is one ``run.log(values, step=step)``; metric keys with
+``/`` become W&B sections. Histograms (``Tracker(histograms=...)``) are
+``wandb.Histogram(np_histogram=(counts, edges))`` values under
+``<name>/histogram``, logged at the same step, at most 512 buckets (W&B's limit; adjacent buckets are merged past it).
 ``close()`` calls ``run.finish()``.
 
 >>> import tempfile
@@ -19,9 +22,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import missing_package
+from ._buckets import MAX_BUCKETS, bounded_buckets, histogram_key
+from ._config import as_config
+from ._protocol import missing_package
+
+if TYPE_CHECKING:
+    from .._histogram import Histogram
 
 __all__ = ["WandbBackend"]
 
@@ -58,8 +66,9 @@ class WandbBackend:
             "entity": entity,
             "group": group,
             "tags": list(tags) if tags is not None else None,
-            "config": dict(config) if config is not None else None,
+            "config": as_config(config) if config is not None else None,
         }
+        self._histogram = wandb.Histogram
         self._run: Any = wandb.init(
             dir=str(directory), **{k: v for k, v in given.items() if v is not None}
         )
@@ -70,6 +79,17 @@ class WandbBackend:
     ) -> None:
         """One ``run.log`` call for the whole step."""
         self._run.log(dict(values), step=step)
+
+    def log_histograms(self, histograms: Mapping[str, Histogram], step: int) -> None:
+        """One ``run.log`` call holding a ``wandb.Histogram`` per key at ``step``."""
+        row = {}
+        for key, hist in histograms.items():
+            edges, counts = bounded_buckets(hist.edges, hist.counts, MAX_BUCKETS)
+            row[histogram_key(key)] = self._histogram(
+                np_histogram=(counts.tolist(), edges.tolist())
+            )
+        if row:
+            self._run.log(row, step=step)
 
     def close(self) -> None:
         """Finish the run; calling it again does nothing."""

@@ -1,0 +1,58 @@
+"""Settings shared by ``tests/`` and the doctests under ``metricsync/``.
+
+The numpy-only test matrix (``make test-matrix``) runs without torch and the
+backends' packages. There, modules that import torch at import time are not
+collected, and a doctest is skipped, naming what it needs, when its examples
+import a missing package or its module wraps one (a backend's doctests create
+that backend). With everything installed, nothing here changes a run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+NEEDS_AT_IMPORT = {"metricsync/_device.py": "torch"}
+"""Modules that import an optional package at import time."""
+
+DOCTESTS_NEED = {
+    "metricsync/backends/_tensorboard.py": "tensorboard",
+    "metricsync/backends/_wandb.py": "wandb",
+    "metricsync/backends/_mlflow.py": "mlflow",
+    "metricsync/backends/_swanlab.py": "swanlab",
+    "metricsync/backends/_trackio.py": "trackio",
+    "metricsync/_plotting.py": "matplotlib",
+    "metricsync/_benchmark.py": "torch",
+    "metricsync/testing.py": "torch",
+}
+"""Modules whose doctests use an optional package without importing it themselves."""
+
+_IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", re.M)
+
+
+def _missing(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is None
+    except (ImportError, ValueError):
+        return True
+
+
+collect_ignore = [path for path, package in NEEDS_AT_IMPORT.items() if _missing(package)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not isinstance(item, pytest.DoctestItem) or item.dtest is None:
+            continue
+        needed = {m for example in item.dtest.examples for m in _IMPORT.findall(example.source)}
+        relative = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if relative in DOCTESTS_NEED:
+            needed.add(DOCTESTS_NEED[relative])
+        missing = sorted(m for m in needed if _missing(m))
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}"))
