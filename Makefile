@@ -14,7 +14,7 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt
-	$(PIP) -e ".[torch,plot,dev,ray,tensorboard,wandb,mlflow]"
+	$(PIP) -e ".[torch,plot,dev,ray,tensorboard,wandb,mlflow,transformers,trl,lightning,accelerate]"
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
