@@ -268,6 +268,8 @@ def test_ddp_trainer_syncs_once_per_log_and_rank0_writes(tmp_path: pytest.TempPa
         assert values["logit_abs/max"] == union.max()
         assert values["logit_abs/mean"] == pytest.approx(union.mean(), rel=1e-9)
         assert values["k/39"] == 2 * 39.0  # one record per rank per step
-    # 42 keys: every log after the first costs at most 3 collectives (the first agrees a layout).
+    # 46 keys: every log after the first costs 3 collectives (the first agrees on a layout),
+    # plus a tie-break when two ranks stamped a ``last`` sample (the trainer's keys) in the
+    # same microsecond, which ranks leaving the same collective together can do.
     for counts in (counts0, counts1):
-        assert len(counts) == 5 and all(1 <= c <= 3 for c in counts[1:4]) and counts[0] <= 5
+        assert len(counts) == 5 and all(3 <= c <= 4 for c in counts[1:4]) and counts[0] <= 6
