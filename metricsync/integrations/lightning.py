@@ -32,8 +32,14 @@ validation epoch.
 ...     def configure_optimizers(self):
 ...         return torch.optim.SGD(self.parameters(), lr=0.1)
 >>> callback = MetricsyncCallback(every_n_steps=1)
->>> sorted(callback.state_dict())
-['last_step']
+>>> trainer = Trainer(
+...     max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+...     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+... )
+>>> data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8))
+>>> trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=4))
+>>> sorted(callback.last_values), callback.state_dict()
+(['abs_err/mean', 'abs_err/p90'], {'last_step': 2})
 """
 
 from __future__ import annotations
