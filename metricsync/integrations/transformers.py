@@ -1,0 +1,185 @@
+"""Hugging Face ``transformers`` and TRL trainers: a ``TrainerCallback`` that logs through metricsync.
+
+:class:`MetricsyncCallback` owns a :class:`metricsync.Metrics`. Between two
+logging steps your code records into ``callback.metrics`` (from
+``compute_loss``, a reward function, another callback); when the trainer
+logs, the callback records the trainer's own numbers (``loss``,
+``learning_rate``, ``grad_norm``, a TRL trainer's ``rewards/...``,
+``entropy`` ...) into the same Metrics, syncs it once over the trainer's
+process group (``Metrics.sync()``: a constant number of collectives, however
+many keys), resets it, and hands the result to your :class:`metricsync.Tracker`
+and/or back to the trainer's own reporting (``report_to``, the console).
+
+Every rank must log at the same steps, as the Trainer does: its ``log`` runs
+on every process. Only rank 0's Tracker writes.
+
+>>> import tempfile
+>>> import metricsync as ms
+>>> from transformers import TrainerControl, TrainerState
+>>> tracker = ms.Tracker("console", run_dir=tempfile.mkdtemp())
+>>> callback = MetricsyncCallback(
+...     ms.Metrics({"reward": ms.Spec(("mean", "max"), fmt=".2f")}), tracker=tracker
+... )
+>>> callback.metrics.record("reward", [1.0, 0.0, 0.5])   # what your code records
+>>> logs = {"loss": 0.6931, "learning_rate": 1e-5}       # what the trainer logs
+>>> _ = callback.on_log(None, TrainerState(global_step=10), TrainerControl(), logs=logs)
+step 10 | reward/mean     0.50  reward/max     1.00  loss   0.6931  learning_rate 1.00e-05
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import metricsync as ms
+
+from ._common import missing_extra, scalars
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState
+except ImportError as exc:  # pragma: no cover - exercised by a test with the package hidden
+    raise ImportError(missing_extra("transformers", "transformers", "transformers")) from exc
+
+__all__ = ["TRAINER_SPEC", "MetricsyncCallback"]
+
+TRAINER_SPEC = ms.Spec("last")
+"""The spec of a number the trainer logs that you gave no spec of your own.
+
+The trainer has already reduced it (its ``loss`` is a mean over every rank),
+so every rank holds the same value, and ``last`` keeps it exactly (a mean
+over ranks could round it in the last digit).
+"""
+
+_DEFAULT_SPEC = ms.Spec()
+
+
+class MetricsyncCallback(TrainerCallback):
+    """Route what the trainer logs, and what you record, through one sync and a Tracker.
+
+    Args:
+        metrics: the :class:`metricsync.Metrics` to record into (its specs give
+            reductions and formats); a new empty one when None. Read it back as
+            ``callback.metrics``.
+        tracker: a :class:`metricsync.Tracker` to log every synced step to (at
+            ``state.global_step``). You own it: close it, or use it as a
+            context manager around ``trainer.train()``.
+        group: the process group (or 1-D DeviceMesh) to sync over; None is the
+            default group, the one the Trainer trains on.
+        timeout: seconds the sync may take before raising ``metricsync.SyncError``.
+        update_logs: write the synced values back into the trainer's ``logs``
+            dict, so its ``report_to`` integrations and console report them too.
+            By default, only when no ``tracker`` is given. Reporting integrations
+            run before callbacks passed with ``callbacks=``: use
+            :meth:`attach` to put this callback ahead of them.
+        trainer_spec: the spec given to a number the trainer logs that
+            ``metrics`` has no spec for (:data:`TRAINER_SPEC`: the value as logged).
+
+    Numbers the trainer logs keep their names; strings and other non-numbers
+    stay in ``logs`` untouched. After each sync ``metrics`` is reset, so each
+    logged value covers the samples recorded since the previous log, and
+    ``callback.last_values`` holds what was logged.
+
+    >>> callback = MetricsyncCallback()
+    >>> callback.metrics.record("tokens", 512)
+    >>> logs = {"loss": 2.5, "epoch": 0.5}
+    >>> _ = callback.on_log(None, TrainerState(global_step=3), TrainerControl(), logs=logs)
+    >>> logs
+    {'loss': 2.5, 'epoch': 0.5, 'tokens': 512.0}
+    >>> len(callback.metrics)
+    0
+    """
+
+    def __init__(
+        self,
+        metrics: ms.Metrics | None = None,
+        tracker: ms.Tracker | None = None,
+        *,
+        group: Any = None,
+        timeout: float | None = None,
+        update_logs: bool | None = None,
+        trainer_spec: ms.Spec = TRAINER_SPEC,
+    ) -> None:
+        if metrics is not None and not isinstance(metrics, ms.Metrics):
+            raise TypeError(f"expected metrics to be a metricsync.Metrics, got {type(metrics)}")
+        if not isinstance(trainer_spec, ms.Spec):
+            raise TypeError(f"expected trainer_spec to be a metricsync.Spec, got {trainer_spec!r}")
+        self.metrics = metrics if metrics is not None else ms.Metrics()
+        self.tracker = tracker
+        self.group = group
+        self.timeout = timeout
+        self.update_logs = tracker is None if update_logs is None else bool(update_logs)
+        self.trainer_spec = trainer_spec
+        self.last_values: dict[str, float] = {}
+
+    def attach(self, trainer: Any) -> MetricsyncCallback:
+        """Add this callback to ``trainer`` ahead of its other callbacks; return it.
+
+        A callback passed with ``Trainer(callbacks=[...])`` runs after the
+        ``report_to`` integrations, which then never see what it adds to
+        ``logs``; attached this way, they do.
+
+        >>> class FakeHandler:
+        ...     callbacks = ["DefaultFlowCallback", "TensorBoardCallback"]
+        >>> class FakeTrainer:
+        ...     callback_handler = FakeHandler()
+        >>> trainer = FakeTrainer()
+        >>> callback = MetricsyncCallback().attach(trainer)
+        >>> trainer.callback_handler.callbacks[0] is callback
+        True
+        """
+        callbacks = trainer.callback_handler.callbacks
+        if any(cb is self for cb in callbacks):
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
+
+    def _record_trainer_logs(self, numbers: Mapping[str, Any]) -> None:
+        for key, value in numbers.items():
+            # A name you declared keeps your spec; a glob-like key is left to the globs.
+            if (
+                key not in self.metrics
+                and self.metrics.spec(key) == _DEFAULT_SPEC
+                and not any(ch in key for ch in "*?[")
+            ):
+                with contextlib.suppress(ms.SpecMismatchError):  # declared as Spec() itself
+                    self.metrics.define(key, self.trainer_spec)
+            self.metrics.record(key, value)
+
+    def sync(self, logs: Mapping[str, Any] | None = None) -> ms.Metrics:
+        """Record the numbers of ``logs``, sync over ``group``, reset ``metrics``; return the sync.
+
+        Every rank of the group must call it (``on_log`` does, at every log).
+
+        >>> callback = MetricsyncCallback()
+        >>> callback.metrics.record("x", [1.0, 3.0])
+        >>> callback.sync({"loss": 0.5}).compute()
+        {'x': 2.0, 'loss': 0.5}
+        """
+        self._record_trainer_logs(scalars(logs or {}))
+        try:
+            return self.metrics.sync(self.group, timeout=self.timeout)
+        finally:
+            self.metrics.reset()
+
+    def on_log(
+        self,
+        args: Any,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Sync what was recorded and logged, and log it at ``state.global_step``."""
+        if logs is None:
+            logs = {}
+        numbers = scalars(logs)
+        synced = self.sync(numbers)
+        values = synced.compute()
+        self.last_values = values
+        if self.tracker is not None:
+            self.tracker.log(synced, step=int(state.global_step))
+        if self.update_logs:
+            for key, value in values.items():
+                if key not in numbers or numbers[key] != value:
+                    logs[key] = value
