@@ -14,7 +14,8 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt
-	$(PIP) -e ".[torch,plot,dev,ray,tensorboard,wandb,mlflow]"
+	$(PIP) -e ".[torch,plot,dev,ray,tensorboard,wandb,mlflow,verl]"
+	$(PIP) --no-deps "verl==0.9.1"
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
