@@ -370,3 +370,13 @@ def test_custom_dispatch_with_collect_metrics_returns_one_metrics(group: Any, st
     out = group.custom_one_to_all(21, style)
     assert isinstance(out, ms.Metrics)
     assert_matches(out, expected_seeded(21))
+
+
+def test_verl_has_no_collect_for_a_rank_zero_dispatch() -> None:
+    # Why the matrix reaches rank 0 through execute_mode=Execute.RANK_ZERO: verl 0.9.1 names
+    # Dispatch.RANK_ZERO but registers no dispatch/collect pair for it, so binding a method
+    # registered with it fails. If a later verl adds one, this fails: add that cell above.
+    from verl.single_controller.base.decorator import get_predefined_dispatch_fn
+
+    with pytest.raises(KeyError):
+        get_predefined_dispatch_fn(Dispatch.RANK_ZERO)

@@ -29,9 +29,10 @@ pickled gather. :func:`uninstall` (or ``with install(): ...``) undoes it.
 
 Do not mix the two halves: verl's own ``Metric`` meeting this one in any
 function here raises :class:`MixedMetricError`, which says to call
-:func:`install`; so does a list of ``SUM`` metrics in :func:`reduce_metrics`
-(verl's own ``append_to_dict`` builds one per micro-batch when its modules
-are not switched, and reading it as DP ranks would average the sums).
+:func:`install`. A list of ``SUM`` metrics in :func:`reduce_metrics` raises
+``ValueError`` with the same advice: verl's own ``append_to_dict`` builds one,
+a metric per micro-batch, when its modules are not switched, and reading it
+as DP ranks would average the sums.
 
 Meaning of the aggregation types, as in verl:
 
