@@ -14,7 +14,8 @@ $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt metricsync/_version.py
-	$(PIP) -e ".[all,dev,docs]"
+	$(PIP) -e ".[all,dev,docs,verl]"
+	$(PIP) --no-deps "verl==0.9.1"
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

@@ -46,7 +46,7 @@ def test_the_all_extra_holds_every_runtime_extra() -> None:
     extras = set(importlib.metadata.metadata("metricsync").get_all("Provides-Extra") or [])
     [all_line] = [r for r in requires if r.startswith("metricsync[") and 'extra == "all"' in r]
     in_all = set(re.search(r"\[(.*?)\]", all_line).group(1).split(","))  # type: ignore[union-attr]
-    assert in_all == extras - {"all", "dev", "docs"}
+    assert in_all == extras - {"all", "dev", "docs", "verl"}  # verl: what its tests import
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,7 @@
-"""metricsync.verl_compat against numpy brute force over the raw values (no Ray, no processes)."""
+"""metricsync.verl_compat on its own (verl not needed): numpy brute force over the raw values.
+
+Side by side with verl's real functions: ``test_verl_side_by_side.py``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
+import metricsync.verl_compat as vc
 from metricsync.verl_compat import AggregationType, Metric, reduce_metrics
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
@@ -123,8 +127,9 @@ def test_weights_and_masks_of_zero_are_ignored_by_min_max() -> None:
     m = Metric("max")
     m.append(torch.tensor([1.0, 50.0, 3.0]), weight=torch.tensor([1.0, 0.0, 1.0]))
     assert m.aggregate() == 3.0
-    low = Metric("min", [5.0, -9.0], weight=0)
-    assert math.isnan(low.aggregate())
+    low = Metric("min", [5.0, -9.0], weight=0)  # no value counts: empty, as verl's empty min
+    with pytest.raises(ValueError, match="without values"):
+        low.aggregate()
 
 
 # ------------------------------------------------------------------ tensors are not read
@@ -172,7 +177,7 @@ def test_tensor_values_are_captured_at_append_time(no_item: None) -> None:
 # ------------------------------------------------------------------ reduce_metrics
 
 
-def test_reduce_metrics_plain_lists_follow_verl_key_rule() -> None:
+def test_reduce_metrics_plain_lists_follow_verl_key_rule_in_place() -> None:
     data: dict[str, Any] = {
         "loss": [1.0, 2.0, 3.0],
         "max_reward": [5.0, 8.0, 6.0],
@@ -180,28 +185,37 @@ def test_reduce_metrics_plain_lists_follow_verl_key_rule() -> None:
         "actor/minibatch_loss": [4.0, 1.0, 7.0],  # contains "min": verl takes the min
         "seq_max_min": [2.0, 9.0],  # "max" is checked first
         "scalar": 0.5,
+        "nested": [[1.0, 2.0], [3.0]],  # ragged: flattened
     }
-    before = {k: list(v) if isinstance(v, list) else v for k, v in data.items()}
+    raw = {k: v for k, v in data.items()}
     out = reduce_metrics(data)
+    assert out is data  # in place, as verl
     assert out == {
-        "loss": float(np.mean(data["loss"])),
-        "max_reward": float(np.max(data["max_reward"])),
-        "min_error": float(np.min(data["min_error"])),
+        "loss": np.mean(raw["loss"]),
+        "max_reward": np.max(raw["max_reward"]),
+        "min_error": np.min(raw["min_error"]),
         "actor/minibatch_loss": 1.0,
         "seq_max_min": 9.0,
         "scalar": 0.5,
+        "nested": 2.0,
     }
-    assert data == before  # the argument is left unchanged
-    assert all(type(v) is float for v in out.values())
+    assert all(type(v) is np.float64 for v in out.values())
 
 
-def test_reduce_metrics_over_metric_values_and_rank_lists() -> None:
-    ranks = dp_metrics("sum", [[1.0, 2.0], [3.0, 4.0, 5.0]])
+def test_reduce_metrics_empty_lists_follow_verl() -> None:
+    assert math.isnan(reduce_metrics({"loss": []})["loss"])
+    with pytest.raises(ValueError):
+        reduce_metrics({"max_len": []})
+
+
+def test_reduce_metrics_over_metrics_and_lists_of_them() -> None:
+    per_micro_batch = [Metric("mean", v, weight=w) for v, w in ((1.0, 3.0), (5.0, 1.0))]
     out = reduce_metrics(
         {
             "actor/pg_loss": Metric("mean", [1.0, 2.0, 6.0]),
             "actor/grad_norm": Metric("max", [3.0, 1.0]),
-            "actor/dp_loss": ranks,
+            "actor/clipfrac": per_micro_batch,  # pooled: (3*1 + 1*5) / 4
+            "nested_max": [[Metric("max", 1.0)], [Metric("max", [7.0, 2.0])]],
             "perf/throughput": [0.5, 1.5],
             "timing/step": [0.5, 1.5],  # "timing" contains "min": verl's rule takes the min
         }
@@ -209,25 +223,93 @@ def test_reduce_metrics_over_metric_values_and_rank_lists() -> None:
     assert out == {
         "actor/pg_loss": 3.0,
         "actor/grad_norm": 3.0,
-        "actor/dp_loss": 7.5,
+        "actor/clipfrac": 2.0,
+        "nested_max": 7.0,
         "perf/throughput": 1.0,
         "timing/step": 0.5,
     }
 
 
-def test_reduce_metrics_specs_override_and_empty_lists() -> None:
+def test_reduce_metrics_refuses_a_list_of_sum_metrics() -> None:
+    # One Metric per micro-batch (what verl's own append_to_dict builds when verl's modules are
+    # not switched) would be read as DP ranks: averaged instead of added. It raises instead.
+    micro_batches = {"critic/vf_loss": [Metric("sum", v) for v in (0.25, 0.5, 0.125, 0.25)]}
+    with pytest.raises(ValueError, match=r"install\(\)"):
+        reduce_metrics(micro_batches)
+    with pytest.raises(ValueError, match="mixes"):
+        reduce_metrics({"x": [Metric("mean", 1.0), 2.0]})
+
+
+def test_reduce_metrics_expands_metricsync_metrics() -> None:
+    workers = []
+    for values in ([1.0, 2.0], [6.0]):
+        m = ms.Metrics({"actor/entropy": ms.Spec("mean"), "perf/tokens": ms.Spec("sum")})
+        m.record("actor/entropy", values)
+        m.record("perf/tokens", len(values))
+        workers.append(m)
+    out = reduce_metrics({"loss": [1.0, 3.0], "metricsync": [workers[0], None, workers[1]]})
+    assert out == {"loss": 2.0, "actor/entropy": 3.0, "perf/tokens": 3.0}
+    assert reduce_metrics({"m": workers[0]}) == {"actor/entropy": 1.5, "perf/tokens": 2.0}
+
+
+def test_reduce_metrics_specs_override_the_key_rule() -> None:
     out = reduce_metrics(
         {"actor/minibatch_loss": [4.0, 1.0, 7.0], "len": [1.0, 3.0], "empty_max": []},
-        specs={"actor/*": ms.Spec("mean"), "len": ms.Spec(("min", "max"))},
+        specs={
+            "actor/*": ms.Spec("mean"),
+            "len": ms.Spec(("min", "max")),
+            "empty_*": ms.Spec("max"),
+        },
     )
     assert out["actor/minibatch_loss"] == 4.0
-    assert out["len/min"] == 1.0 and out["len/max"] == 3.0
+    assert out["len/min"] == 1.0 and out["len/max"] == 3.0 and "len" not in out
     assert math.isnan(out["empty_max"])
 
 
 def test_reduce_metrics_tensor_lists(no_item: None) -> None:
     out = reduce_metrics({"entropy": [torch.tensor(1.0), torch.tensor([2.0, 6.0])]})
     assert out == {"entropy": 3.0}
+
+
+# ------------------------------------------------------------------ values
+
+
+def test_values_list_as_verl_and_captured_at_append() -> None:
+    t = torch.tensor([1.0, 2.0])
+    m = Metric("sum", 0.5)
+    m.append(3)
+    m.append(t)
+    m.append(np.array([4.0]))
+    t.fill_(100.0)
+    assert m.values == [0.5, 3, 1.0, 2.0, 4.0]
+    assert m.aggregate() == 10.5
+    other = Metric("sum", [7.0])
+    m.extend(other)
+    assert m.values[-1] == 7.0 and m.aggregate() == 17.5
+
+
+def test_values_can_be_turned_off() -> None:
+    off = Metric("mean", [1.0, 2.0], keep_values=False)
+    assert off.aggregate() == 1.5
+    with pytest.raises(AttributeError, match="keep_values"):
+        _ = off.values
+    on = Metric("mean", 1.0)
+    on.extend(off)  # pooling a metric without values: the list would be incomplete
+    with pytest.raises(AttributeError):
+        _ = on.values
+    previous = Metric.keep_values
+    try:
+        Metric.keep_values = False
+        with pytest.raises(AttributeError):
+            _ = Metric("max", 1.0).values
+        assert Metric("max", 1.0, keep_values=True).values == [1.0]
+    finally:
+        Metric.keep_values = previous
+
+
+def test_synced_metrics_keep_no_values() -> None:
+    with pytest.raises(AttributeError, match="sync"):
+        _ = Metric("sum", 1.0).sync().values
 
 
 # ------------------------------------------------------------------ the rest of the surface
@@ -250,28 +332,61 @@ def test_extend_and_append_pool_metrics() -> None:
         m.extend(Metric("max", 1.0))
 
 
-def test_from_dict_init_list_union_accumulate() -> None:
+def test_from_dict_init_list_aggregate_helper() -> None:
     made = Metric.from_dict({"a": 1.0, "b": torch.tensor([2.0, 4.0])}, aggregation="mean")
     assert {k: v.aggregate() for k, v in made.items()} == {"a": 1.0, "b": 3.0}
     assert all(v.aggregation is AggregationType.MEAN for v in made.values())
     fresh = made["b"].init_list()
     assert fresh.aggregation is AggregationType.MEAN and math.isnan(fresh.aggregate())
-    u = Metric.union(Metric("min", 4.0), Metric("min", [2.0, 9.0]))
-    u.accumulate([1.5, 3.0])
-    assert u.aggregate() == 1.5
+    weighted = Metric.from_dict({"kl": 0.5}, "mean", weight=3.0)["kl"]
+    weighted.append(1.0, weight=1.0)
+    assert weighted.aggregate() == 0.625
+    assert Metric._aggregate([1.0, 2.0, 4.0], AggregationType.SUM) == 7.0
+    assert Metric._aggregate(np.array([1.0, 2.0]), "max") == 2.0
+
+
+def test_empty_results_follow_verl() -> None:
+    assert Metric("sum").aggregate() == 0.0
+    assert Metric.aggregate_dp([Metric("sum"), Metric("sum")]) == 0.0
+    assert math.isnan(Metric("mean").aggregate())
+    for kind in ("min", "max"):
+        with pytest.raises(ValueError, match="without values"):
+            Metric(kind).aggregate()
 
 
 def test_errors() -> None:
     with pytest.raises(ValueError, match="median"):
         Metric("median")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):
         Metric(3)  # type: ignore[arg-type]
+    for bad in ("1.0", None, 1j, {"a": 1.0}):
+        with pytest.raises(ValueError, match="Unsupported value"):
+            Metric("mean").append(bad)
     with pytest.raises(TypeError):
-        Metric("mean").append("1.0")
+        Metric("mean").extend(1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="empty"):
         Metric.aggregate_dp([])
     with pytest.raises(ValueError, match="mismatch"):
         Metric.aggregate_dp([Metric("sum", 1.0), Metric("mean", 1.0)])
+    with pytest.raises(TypeError, match="Metric objects"):
+        Metric.aggregate_dp([1.0])  # type: ignore[list-item]
+
+
+def test_a_verl_metric_is_refused_with_the_install_hint() -> None:
+    fake = type("Metric", (), {"__module__": "verl.utils.metric.utils"})()
+    calls = [
+        lambda: Metric.aggregate_dp([Metric("sum", 1.0), fake]),
+        lambda: Metric("sum").append(fake),
+        lambda: Metric("sum").extend(fake),
+        lambda: reduce_metrics({"loss": fake}),
+        lambda: reduce_metrics({"loss": [Metric("mean", 1.0), fake]}),
+        lambda: vc.append_to_dict({"loss": fake}, {"loss": Metric("sum", 1.0)}),
+        lambda: vc.allgather_dict_into_dict({"loss": fake}),
+    ]
+    for call in calls:
+        with pytest.raises(vc.MixedMetricError, match=r"install\(\)"):
+            call()
+    assert issubclass(vc.MixedMetricError, ValueError)
 
 
 def test_pickle_goes_through_the_binary_format() -> None:
@@ -279,40 +394,72 @@ def test_pickle_goes_through_the_binary_format() -> None:
     shipped = [pickle.loads(pickle.dumps(m)) for m in ranks]
     assert [m.aggregation for m in shipped] == [AggregationType.SUM] * 2
     assert Metric.aggregate_dp(shipped) == 7.5
-    assert b"verl_compat" in pickle.dumps(ranks[0])  # rebuilt by this module
+    assert shipped[1].values == [3.0, 4.0, 5.0]
     assert isinstance(shipped[0].state, ms.Metrics)
+    off = pickle.loads(pickle.dumps(Metric("max", 2.0, keep_values=False)))
+    assert off.aggregate() == 2.0
+    with pytest.raises(AttributeError):
+        _ = off.values
+
+
+def test_numeric_types_are_verls() -> None:
+    assert vc.NumericType == (int, float, torch.Tensor, np.ndarray)
+    assert isinstance(torch.tensor(1.0), vc.Numeric) and not isinstance("1", vc.Numeric)
+    with pytest.raises(AttributeError):
+        _ = vc.NoSuchName  # type: ignore[attr-defined]
 
 
 def test_sync_without_process_group_is_a_copy() -> None:
-    pytest.importorskip("metricsync._sync")
     m = Metric("sum", [1.0, 2.0])
     copy = m.sync()
     m.append(10.0)
     assert copy.aggregate() == 3.0 and copy.aggregation is AggregationType.SUM
 
 
-MICRO_BATCHES = [[1.0, 2.0], [3.0, 4.0, 5.0], [-1.0]]  # one list per rank, unequal counts
+# ------------------------------------------------------------------ verl's helpers, one process
 
 
-def _sync_rank(rank: int, world_size: int) -> dict[str, float]:
-    out = {}
-    for kind in ("sum", "mean", "max"):
-        m = Metric(kind, MICRO_BATCHES[rank])
-        out[kind] = m.sync(timeout=30.0).aggregate()
-    return out
+def test_append_to_dict_collects_micro_batches() -> None:
+    acc: dict[str, Any] = {}
+    for loss, clip in ((0.5, 0.1), (0.25, 0.3)):
+        vc.append_to_dict(acc, {"pg_loss": Metric("sum", loss), "clip": clip, "ids": [1, 2]}, "a/")
+    assert set(acc) == {"a/pg_loss", "a/clip", "a/ids"}
+    assert acc["a/pg_loss"].aggregate() == 0.75 and acc["a/pg_loss"].values == [0.5, 0.25]
+    assert acc["a/clip"] == [0.1, 0.3] and acc["a/ids"] == [1, 2, 1, 2]
 
 
-@pytest.mark.distributed
-def test_sync_over_gloo_equals_aggregate_dp() -> None:
-    pytest.importorskip("metricsync._sync")
-    testing = pytest.importorskip("metricsync.testing")
-    results = testing.run_distributed(_sync_rank, world_size=3, timeout=60.0)
-    flat = [v for values in MICRO_BATCHES for v in values]
-    want = {
-        "sum": float(np.mean([sum(v) for v in MICRO_BATCHES])),
-        "mean": float(np.mean(flat)),
-        "max": max(flat),
+def test_allgather_without_a_group_holds_this_rank() -> None:
+    data = {
+        "pg_loss": Metric("sum", [0.5, 0.25]),
+        "kl": Metric("mean", [1.0, 3.0], weight=[3.0, 1.0]),
+        "clip": [0.1, 0.3],
+        "ratio_max": [1.5, 2.0],
+        "lr": 3e-4,
     }
-    for got in results:  # identical on every rank
-        assert got.keys() == want.keys()
-        assert all(close(got[k], want[k]) for k in want), (got, want)
+    out = vc.allgather_dict_into_dict(data)
+    assert [len(v) for v in out.values()] == [1] * 5
+    assert Metric.aggregate_dp(out["pg_loss"]) == 0.75
+    assert Metric.aggregate_dp(out["kl"]) == 1.5
+    assert close(Metric.aggregate_dp(out["clip"][0]), 0.2)
+    assert Metric.aggregate_dp(out["ratio_max"][0]) == 2.0
+    assert close(Metric.aggregate_dp(out["lr"]), 3e-4)
+
+
+def test_collect_metrics_merges_worker_results() -> None:
+    a, b = ms.Metrics({"s": ms.Spec("sum")}), ms.Metrics({"s": ms.Spec("sum")})
+    a.record("s", [1.0, 2.0])
+    b.record("s", 4.0)
+    assert vc.collect_metrics(None, [a, None, b]).compute() == {"s": 7.0}
+    assert vc.collect_metrics(None, a).compute() == {"s": 3.0}  # RANK_ZERO: one result
+    with pytest.raises(TypeError, match="DataProto"):
+        vc.collect_metrics(None, [a, 1.0])
+
+
+def test_token_mean_metrics_weight_by_valid_tokens() -> None:
+    short = torch.tensor([[1, 1, 0, 0]], dtype=torch.bool)  # 2 tokens
+    long = torch.ones(2, 4, dtype=torch.bool)  # 8 tokens
+    ranks = [
+        vc.token_mean_metrics({"kl": torch.tensor(0.5)}, short)["kl"],
+        vc.token_mean_metrics({"kl": torch.tensor(0.25)}, long)["kl"],
+    ]
+    assert close(Metric.aggregate_dp(ranks), (0.5 * 2 + 0.25 * 8) / 10)

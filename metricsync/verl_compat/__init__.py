@@ -1,0 +1,215 @@
+"""verl's metric names backed by metricsync, and a switch that puts them inside verl.
+
+Written against verl 0.9.1, whose metric code is ``verl.utils.metric``
+(``AggregationType``, ``Metric``, ``reduce_metrics``, ``NumericType``,
+``Numeric``), plus two helpers its workers call on metrics dicts:
+``verl.utils.py_functional.append_to_dict`` and
+``verl.utils.torch_functional.allgather_dict_into_dict``. This package offers
+all of them with verl's signatures.
+
+Two ways in
+-----------
+
+**Inside verl** (its workers, trainer and losses), switch verl's own modules
+once per process, driver and workers alike, before any metric is recorded::
+
+    import metricsync.verl_compat
+    metricsync.verl_compat.install()
+
+:func:`install` replaces those objects in verl's modules (and wherever a
+loaded module imported them), so verl's loss functions create this
+package's :class:`Metric`, its workers collect micro-batches with this
+:func:`append_to_dict`, and their DP reduction (:func:`allgather_dict_into_dict`
+then ``Metric.aggregate_dp``) is one :meth:`metricsync.Metrics.sync` with no
+pickled gather. :func:`uninstall` (or ``with install(): ...``) undoes it.
+
+**In your own code**, import the names::
+
+    from metricsync.verl_compat import AggregationType, Metric, reduce_metrics
+
+Do not mix the two halves: verl's own ``Metric`` meeting this one in any
+function here raises :class:`MixedMetricError`, which says to call
+:func:`install`. A list of ``SUM`` metrics in :func:`reduce_metrics` raises
+``ValueError`` with the same advice: verl's own ``append_to_dict`` builds one,
+a metric per micro-batch, when its modules are not switched, and reading it
+as DP ranks would average the sums.
+
+Meaning of the aggregation types, as in verl:
+
+- ``MEAN``: the mean of the values (weighted when weights are given); across
+  data-parallel (DP) ranks, the mean over every value of every rank.
+- ``SUM``: on one rank, the sum over its values (one per gradient-accumulation
+  micro-batch, typically); across DP ranks, the mean of the ranks' sums.
+- ``MIN`` / ``MAX``: the smallest / largest value of every rank.
+
+>>> ranks = [Metric("sum"), Metric("sum")]
+>>> ranks[0].extend([1.0, 2.0])          # rank 0: two micro-batches
+>>> ranks[1].extend([3.0, 4.0, 5.0])     # rank 1: three (verl raises here)
+>>> Metric.aggregate_dp(ranks)           # mean of the rank sums 3 and 12
+np.float64(7.5)
+
+Single controller
+-----------------
+
+Ray workers return a :class:`metricsync.Metrics` (or ``None``) from any
+``register``-ed method; the driver merges the results with
+``metricsync.collect``, or passes :func:`collect_metrics` as the ``collect_fn``
+of a custom dispatch mode where verl's own collect function would
+concatenate ``DataProto`` outputs. After an in-worker ``sync``, return the
+result from one rank only (the others return ``None``), or it is counted
+once per rank.
+
+Token-weighted actor metrics: :func:`token_mean_metrics` (see its module for
+the recipe inside verl's ``ppo_loss``).
+
+Where this differs from verl 0.9.1
+----------------------------------
+
+Everything else follows verl: results are numpy float64 scalars;
+``reduce_metrics`` updates its argument in place and returns it; an empty
+``SUM`` gives 0.0, an empty ``MEAN`` NaN, an empty ``MIN``/``MAX`` raises
+``ValueError``; bad values, unknown aggregation names and aggregation
+mismatches in ``extend`` raise ``ValueError``. The differences are deliberate:
+
+.. list-table::
+   :header-rows: 1
+
+   * - Case
+     - verl 0.9.1
+     - here
+     - why
+   * - ``aggregate_dp`` over ranks holding different numbers of values
+     - ``ValueError``
+     - ``SUM``: mean of the rank sums; ``MEAN``: mean of every value;
+       ``MIN``/``MAX``: over every value; ranks without values left out
+     - the right number; uneven micro-batch counts are normal (dynamic
+       batch sizes, uneven data)
+   * - ``aggregate_dp`` over ranks whose aggregation types differ
+     - uses the first rank's type
+     - ``ValueError``
+     - ranks that disagree on the type disagree on how the value was
+       scaled; reading them all by the first rank's rule is a silent
+       wrong number
+   * - a tensor with more than one element
+     - ``ValueError``
+     - each element is one value
+     - per-token tensors can be recorded as they are
+   * - an appended tensor
+     - ``.item()`` at once (a device-to-host sync per append)
+     - accumulated on its device, read once in ``aggregate()``
+     - no stall per micro-batch
+   * - numpy scalars that are not Python floats (``np.float32``)
+     - ``ValueError``
+     - accepted
+     - they are numbers
+   * - a list given to ``append`` or to ``Metric(agg, value)``
+     - ``ValueError`` (though the constructor's signature allows a list)
+     - each item appended
+     - what the signature promises
+   * - ``values`` after appending an array
+     - the array, as one entry
+     - one entry per element
+     - the same rule as for tensors
+   * - the result over integers, booleans or float32 tensors
+     - numpy's type for them (``np.int64``, ``np.bool_``, ``np.float32``)
+     - ``np.float64``
+     - metricsync's state is float64
+   * - weights
+     - none
+     - ``append(v, weight=w)``, ``from_dict(..., weight=w)``,
+       :func:`token_mean_metrics`
+     - token-weighted means
+   * - ``reduce_metrics`` on a list of ``Metric`` objects
+     - numpy fails
+     - ``MEAN``/``MIN``/``MAX`` pooled; ``SUM`` raises (ambiguous)
+     - after :func:`install`, verl's workers hand such lists on
+   * - ``reduce_metrics`` on a ``metricsync.Metrics`` (or a list of them)
+     - numpy fails
+     - merged; the entry becomes its ``compute()`` keys
+     - workers can put a ``Metrics`` in ``meta_info["metrics"]``
+   * - ``reduce_metrics`` on ragged nested lists
+     - ``ValueError`` (numpy)
+     - flattened
+     - every value counts
+   * - ``reduce_metrics(..., specs=...)``
+     - no such argument
+     - an explicit spec per name or glob instead of the key-name rule
+     - "minibatch" and "timing" contain "min"
+   * - an empty ``MEAN``
+     - NaN and a ``RuntimeWarning``
+     - NaN
+     -
+   * - ``allgather_dict_into_dict`` result
+     - one entry per rank
+     - one ``Metric`` holding the whole group: ``[m]`` (``[[m]]`` for a list)
+     - one sync instead of a pickled gather; ``Metric.aggregate_dp`` reads
+       both forms
+   * - ``values`` of a synced or gathered ``Metric``
+     - (verl gathers values)
+     - ``AttributeError``
+     - state travels, not values
+   * - verl's ``Metric`` given to a function here
+     - (n/a)
+     - :class:`MixedMetricError`
+     - a half switch gives wrong numbers
+
+``Metric.values`` keeps every appended value, as verl does: its memory grows
+with the number of appends (one number per scalar, a device copy per
+tensor). ``Metric.keep_values = False`` (or ``install(keep_values=False)``,
+or ``Metric(..., keep_values=False)``) turns it off; the metric is then
+constant-size.
+
+Limits: verl's own functions cannot be changed without :func:`install`; in
+particular verl's ``Metric.aggregate_dp``, if handed this package's metrics,
+reads their ``values`` and ignores weights. verl's nd-dispatch collect (its
+engine workers' ``make_nd_compute_dataproto_dispatch_fn``) is not covered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._controller import collect_metrics
+from ._dp import allgather_dict_into_dict, append_to_dict
+from ._install import Installation, install, is_installed, uninstall
+from ._metric import AggregationType, Metric
+from ._mixed import MixedMetricError
+from ._reduce import reduce_metrics
+from ._tokens import token_mean_metrics
+
+__all__ = [
+    "AggregationType",
+    "Installation",
+    "Metric",
+    "MixedMetricError",
+    "Numeric",
+    "NumericType",
+    "allgather_dict_into_dict",
+    "append_to_dict",
+    "collect_metrics",
+    "install",
+    "is_installed",
+    "reduce_metrics",
+    "token_mean_metrics",
+    "uninstall",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``NumericType`` and ``Numeric`` as verl defines them (torch is imported only here)."""
+    if name not in ("NumericType", "Numeric"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import numpy as np
+
+    try:
+        import torch
+    except ImportError:
+        types: tuple[type, ...] = (int, float, np.ndarray)
+    else:
+        types = (int, float, torch.Tensor, np.ndarray)
+    if name == "NumericType":
+        return types
+    union: Any = types[0]
+    for t in types[1:]:
+        union = union | t
+    return union

@@ -1,0 +1,119 @@
+"""The helpers verl's workers call on their metrics dicts, on metricsync.
+
+verl 0.9.1's workers collect each micro-batch's metrics with
+``verl.utils.py_functional.append_to_dict``, gather the dict over the
+data-parallel (DP) group with ``verl.utils.torch_functional.allgather_dict_into_dict``
+(a pickled ``all_gather_object``) and reduce each key with
+``Metric.aggregate_dp``. The two functions here keep verl's signatures;
+:func:`~metricsync.verl_compat.install` puts them in verl's place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import metricsync as ms
+
+from ._metric import SPECS, AggregationType, Metric, from_summary, summary
+from ._mixed import refuse_verl_metric
+from ._reduce import key_rule, leaves
+
+__all__ = ["allgather_dict_into_dict", "append_to_dict"]
+
+_KINDS = {spec: kind for kind, spec in SPECS.items()}
+
+
+def append_to_dict(
+    data: MutableMapping[str, Any], new_data: Mapping[str, Any], prefix: str = ""
+) -> None:
+    """Append each value of ``new_data`` to ``data[prefix + key]``, in place (verl's helper).
+
+    A :class:`Metric` value goes into a :class:`Metric` of the same
+    aggregation (its values pooled: one per micro-batch); a list extends a
+    list; anything else is appended to a list. verl's own ``Metric`` raises
+    :class:`~metricsync.verl_compat.MixedMetricError`.
+
+    >>> acc = {}
+    >>> for loss in (0.5, 0.25):   # two gradient-accumulation micro-batches
+    ...     append_to_dict(acc, {"actor/pg_loss": Metric("sum", loss), "actor/clipfrac": 0.1})
+    >>> float(acc["actor/pg_loss"].aggregate()), acc["actor/clipfrac"]
+    (0.75, [0.1, 0.1])
+    """
+    for key, value in new_data.items():
+        new_key = key if key.startswith(prefix) else f"{prefix}{key}"
+        refuse_verl_metric(value, f"append_to_dict[{new_key!r}]")
+        if new_key not in data:
+            data[new_key] = value.init_list() if isinstance(value, Metric) else []
+        target = data[new_key]
+        refuse_verl_metric(target, f"append_to_dict[{new_key!r}]")
+        if isinstance(value, list):
+            target.extend(value)
+        else:
+            target.append(value)
+
+
+def _pooled(key: str, value: Any) -> Metric:
+    """``value`` (a Metric, or values and Metrics in lists) as one Metric without a values list."""
+    if isinstance(value, Metric):
+        items: list[Any] = [value]
+    else:
+        items = leaves(value)
+    for item in items:
+        refuse_verl_metric(item, f"allgather_dict_into_dict[{key!r}]")
+    metrics = [item for item in items if isinstance(item, Metric)]
+    if metrics and len(metrics) != len(items):
+        raise ValueError(f"allgather_dict_into_dict: {key!r} mixes Metric objects and plain values")
+    kind = metrics[0].aggregation if metrics else key_rule(key)
+    pooled = Metric(kind, keep_values=False)
+    pooled.extend(items)
+    return pooled
+
+
+def allgather_dict_into_dict(
+    data: Mapping[str, Any], group: Any = None, *, timeout: float | None = None
+) -> dict[str, list[Any]]:
+    """Combine a metrics dict over a DP ``group`` with one metricsync sync (verl's helper).
+
+    Every rank of ``group`` must call it. Each value is a :class:`Metric`, a
+    (nested) list of values or of Metrics, or a single value; plain values
+    take verl's key-name rule (max / min / mean). Each key comes back as a
+    :class:`Metric` holding the whole group's state, which the caller's
+    ``Metric.aggregate_dp`` reads as verl's number:
+
+    - a Metric value -> ``[metric]``; a list -> ``[[metric]]``; a single
+      value -> ``[metric]`` (verl returns one entry per rank; code that
+      indexes ranks must read the entry with ``Metric.aggregate_dp``);
+    - ranks may hold different keys (the union comes back) and different
+      numbers of micro-batches.
+
+    No pickle travels: verl's version is an ``all_gather_object`` of the dict.
+    Without an initialized process group the result holds this rank alone.
+
+    >>> out = allgather_dict_into_dict({"pg_loss": Metric("sum", [0.5, 0.25]), "clip": [0.1, 0.3]})
+    >>> float(Metric.aggregate_dp(out["pg_loss"])), float(Metric.aggregate_dp(out["clip"][0]))
+    (0.75, 0.2)
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"allgather_dict_into_dict expects a dict, got {type(data).__name__}")
+    store = ms.Metrics()
+    nested: dict[str, bool] = {}
+    for key, value in data.items():
+        pooled = _pooled(key, value)
+        store.define(key, SPECS[pooled.aggregation])
+        local = summary(pooled)
+        if local is not None:
+            store.record(key, local[0], weight=local[1])
+        nested[key] = isinstance(value, (list, tuple))
+    synced = store.sync(group, timeout=timeout)
+    computed = synced.compute()
+    out: dict[str, list[Any]] = {}
+    for key in [*nested, *(name for name in synced.names if name not in nested)]:
+        kind = _KINDS.get(synced.spec(key), AggregationType.MEAN)
+        if kind is AggregationType.MEAN:
+            value, weight = computed.get(f"{key}/mean"), computed.get(f"{key}/count", 0.0)
+        else:
+            value, weight = computed.get(key), 1.0
+        metric = from_summary(kind, value, weight)
+        out[key] = [[metric]] if nested.get(key, False) else [metric]
+    return out

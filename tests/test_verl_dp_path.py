@@ -1,0 +1,183 @@
+"""verl 0.9.1's worker metric flow (micro-batches, DP gather, mini-batches, reduce) switched to metricsync.
+
+verl's engine worker collects each micro-batch's metrics with ``append_to_dict``,
+gathers the dict over the DP group with ``allgather_dict_into_dict`` (a pickled
+``all_gather_object``), flattens it with ``Metric.aggregate_dp``, collects the
+mini-batches with ``append_to_dict``, and the driver calls ``reduce_metrics``.
+The same sequence runs here with verl's own functions, then after
+``install()`` with the names verl's modules then hold, on 2 gloo ranks, and
+is checked against brute force over every raw micro-batch value. This module
+imports only verl's small utility modules, so its rank processes start fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from itertools import chain
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import metricsync as ms
+import metricsync.verl_compat as vc
+
+vmu = pytest.importorskip("verl.utils.metric.utils", reason="verl (test extra) is not installed")
+py_functional = pytest.importorskip("verl.utils.py_functional")
+torch_functional = pytest.importorskip("verl.utils.torch_functional")
+
+
+N_MICRO = {"equal": [[3, 2], [3, 2]], "unequal": [[3, 1], [2, 4]]}  # [rank][mini-batch]
+
+
+def micro_batch_metrics(rank: int, mini: int, micro: int) -> dict[str, float]:
+    """What one micro-batch's loss function reports (raw numbers; the oracle reads these too)."""
+    rng = np.random.default_rng([rank, mini, micro])
+    return {
+        "pg_loss": float(rng.normal(0.5, 0.2)),  # SUM Metric (globally scaled loss)
+        "ppo_kl": float(rng.uniform(0.0, 0.1)),  # MEAN Metric
+        "kl_coef": 0.001 * (1 + rank),  # a plain float: verl's key rule (mean)
+        "ratio_max": float(rng.uniform(1.0, 2.0)),  # a plain float: key rule max
+    }
+
+
+def run_actor_update(
+    ns: SimpleNamespace, gather: Callable[..., Any], rank: int, counts: list[int]
+) -> dict[str, float]:
+    """verl 0.9.1's worker flow: per micro-batch append_to_dict, per mini-batch a DP gather and
+    aggregate_dp, append_to_dict over mini-batches, then reduce_metrics on the driver."""
+    metrics: dict[str, Any] = {}
+    for mini, n_micro in enumerate(counts):
+        aggregated: dict[str, Any] = {}
+        for micro in range(n_micro):
+            raw = micro_batch_metrics(rank, mini, micro)
+            out: dict[str, Any] = {
+                "actor/pg_loss": ns.Metric(ns.AggregationType.SUM, raw["pg_loss"]),
+                **ns.Metric.from_dict({"actor/ppo_kl": raw["ppo_kl"]}, aggregation="mean"),
+                "kl_coef": raw["kl_coef"],
+                "actor/ratio_max": raw["ratio_max"],
+            }
+            ns.append_to_dict(aggregated, out)
+        gathered = gather(aggregated, group=None)
+        for key, val in gathered.items():  # as verl's engine worker flattens DP and micro-batches
+            gathered[key] = (
+                ns.Metric.aggregate_dp(val)
+                if isinstance(val[0], ns.Metric)
+                else list(chain.from_iterable(val))
+            )
+        ns.append_to_dict(metrics, gathered)
+    return {k: float(v) for k, v in ns.reduce_metrics(metrics).items()}
+
+
+def brute_force(n_micro: list[list[int]]) -> dict[str, float]:
+    world, minis = len(n_micro), len(n_micro[0])
+    raw = [
+        [[micro_batch_metrics(r, m, i) for i in range(n_micro[r][m])] for m in range(minis)]
+        for r in range(world)
+    ]
+    pg, kl = [], []
+    for m in range(minis):
+        pg.append(np.mean([sum(x["pg_loss"] for x in raw[r][m]) for r in range(world)]))
+        kl.append(np.mean([x["ppo_kl"] for r in range(world) for x in raw[r][m]]))
+    every = [x for r in range(world) for m in range(minis) for x in raw[r][m]]
+    return {
+        "actor/pg_loss": float(np.mean(pg)),
+        "actor/ppo_kl": float(np.mean(kl)),
+        "kl_coef": float(np.mean([x["kl_coef"] for x in every])),
+        "actor/ratio_max": float(max(x["ratio_max"] for x in every)),
+    }
+
+
+def _dp_rank(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    pf, tf = py_functional, torch_functional
+    out: dict[str, Any] = {}
+    # verl's own path (its pickled gather), where it works: equal micro-batch counts
+
+    verl = SimpleNamespace(
+        Metric=vmu.Metric,
+        AggregationType=vmu.AggregationType,
+        reduce_metrics=vmu.reduce_metrics,
+        append_to_dict=pf.append_to_dict,
+    )
+    out["verl equal"] = run_actor_update(
+        verl, tf.allgather_dict_into_dict, rank, N_MICRO["equal"][rank]
+    )
+    try:
+        run_actor_update(verl, tf.allgather_dict_into_dict, rank, N_MICRO["unequal"][rank])
+        out["verl unequal"] = "ran"
+    except ValueError:  # verl's aggregate_dp: "must have the same number of values"
+        out["verl unequal"] = "raises"
+
+    syncs = []
+    real_sync = ms.Metrics.sync
+
+    def counting_sync(self: ms.Metrics, *args: Any, **kwargs: Any) -> ms.Metrics:
+        syncs.append(1)
+        return real_sync(self, *args, **kwargs)
+
+    def no_pickle(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a pickled all_gather_object ran")
+
+    ms.Metrics.sync = counting_sync  # type: ignore[method-assign]
+    dist.all_gather_object = no_pickle
+    with vc.install():  # verl's own names now resolve to metricsync
+        switched = SimpleNamespace(
+            Metric=vmu.Metric,
+            AggregationType=vmu.AggregationType,
+            reduce_metrics=vmu.reduce_metrics,
+            append_to_dict=pf.append_to_dict,
+        )
+        assert switched.Metric is vc.Metric
+        for case, counts in N_MICRO.items():
+            out[f"ours {case}"] = run_actor_update(
+                switched, tf.allgather_dict_into_dict, rank, counts[rank]
+            )
+        out["syncs"] = len(syncs)
+        # a key only one rank holds comes back on every rank
+        mine = {"actor/only_rank1": switched.Metric("sum", [2.0, 3.0])} if rank == 1 else {}
+        gathered = tf.allgather_dict_into_dict(mine)
+        out["only_rank1"] = float(switched.Metric.aggregate_dp(gathered["actor/only_rank1"]))
+        # ranks that disagree on a key's aggregation: an error on every rank, not a number
+        disagree = {"actor/kl": switched.Metric("sum" if rank == 0 else "mean", 1.0)}
+        try:
+            tf.allgather_dict_into_dict(disagree, timeout=30.0)
+            out["disagree"] = "ran"
+        except ms.SpecMismatchError:
+            out["disagree"] = "SpecMismatchError"
+    return out
+
+
+@pytest.mark.distributed
+def test_verl_dp_path_runs_as_one_sync_per_gather() -> None:
+    testing = pytest.importorskip("metricsync.testing")
+    results = testing.run_distributed(_dp_rank, world_size=2, timeout=120.0)
+    for got in results:  # identical on both ranks
+        assert got["verl unequal"] == "raises"
+        assert got["syncs"] == 2 * len(N_MICRO)  # one per mini-batch gather, nothing else
+        assert got["only_rank1"] == 5.0  # the SUM of the one rank holding it
+        assert got["disagree"] == "SpecMismatchError"
+        for case in N_MICRO:
+            want = brute_force(N_MICRO[case])
+            assert got[f"ours {case}"].keys() == want.keys()
+            for key, value in want.items():
+                assert math.isclose(got[f"ours {case}"][key], value, rel_tol=1e-9), (case, key)
+        for key, value in got["verl equal"].items():  # where verl runs, the same numbers
+            assert math.isclose(got["ours equal"][key], value, rel_tol=1e-9), key
+
+
+def test_verl_dp_path_in_one_process_matches_brute_force() -> None:
+    assert not vc.is_installed()
+    with vc.install():
+        switched = SimpleNamespace(
+            Metric=vmu.Metric,
+            AggregationType=vmu.AggregationType,
+            reduce_metrics=vmu.reduce_metrics,
+            append_to_dict=py_functional.append_to_dict,
+        )
+        got = run_actor_update(switched, torch_functional.allgather_dict_into_dict, 0, [3, 1])
+    want = brute_force([[3, 1]])
+    assert all(math.isclose(got[k], v, rel_tol=1e-9) for k, v in want.items()), (got, want)
