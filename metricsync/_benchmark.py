@@ -1,35 +1,53 @@
 """The sync benchmark behind ``metricsync bench`` and ``bench/sync.py``.
 
-For K metrics (a mix of mean, sum, max and std) on N gloo ranks, it times in
-one run, in the same processes:
+For K metrics (a mix of mean, sum, max and std, 4 records each per rank) on
+N gloo ranks, it times in one run, in the same processes (the slowest rank's
+median over the repeats):
 
-- ``metricsync``: ``Metrics.sync()`` in steady state;
+- ``metricsync``: ``Metrics.sync()`` then ``compute()`` in steady state (the
+  layout already agreed), and ``sync()`` alone;
+- ``olmo_core``: OLMo-core's ``reduce_metrics``, replicated: each rank's
+  metrics as 0-d tensors (its local reductions, made in advance), split by
+  reduce type, packed, one SUM and one MAX collective, unpacked into a dict;
+- ``floor``: the collectives metricsync's steady sync makes (same kinds,
+  same sizes, recorded with :func:`metricsync.testing.count_collectives`),
+  on buffers packed in advance: the cost of the bytes alone;
 - ``gather_object``: ``all_gather_object`` of each rank's ``dict[str, list]``,
-  then a merge on every rank (the pattern verl uses today);
-- ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style);
-- ``floor``: the raw ``all_reduce`` calls metricsync makes, on pre-packed
-  float64 buffers of the same sizes.
+  then a merge and numpy on every rank (the pattern verl uses today);
+- ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style),
+  timed on at most 1,000 metrics and scaled to K (its cost is linear in K);
+- ``changed``: a sync (plus ``compute()``) right after the odd ranks added a
+  name, so the layout differs from the agreed one; compared with a steady
+  sync at the same K.
 
-It prints seconds per sync, bytes each rank sends per sync, and ratios.
+It also counts the payload bytes each rank hands to the collectives per
+steady sync, and the bytes per quantile metric: the marginal bytes of one
+more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy).
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
->>> sorted(row)[:3]
-['K', 'bytes_floor', 'bytes_gather_object']
+>>> row["collectives_metricsync"] <= 3, row["t_metricsync"] > 0
+(True, True)
 """
 
 from __future__ import annotations
 
+import math
 import pickle
+import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "run"]
+__all__ = ["format_rows", "main", "run"]
 
 _KINDS = ("mean", "sum", "max", "std")
+_OLMO_KIND = {"mean": "mean", "sum": "sum", "max": "max", "std": "l2_norm"}  # no std there
 _RECORDS_PER_METRIC = 4
+_PHASES = ("metricsync", "floor", "olmo_core", "gather_object", "per_metric", "changed", "bytes")
 
 
 def _specs(k: int) -> dict[str, Any]:
@@ -38,25 +56,156 @@ def _specs(k: int) -> dict[str, Any]:
     return {f"m{i:05d}": ms.Spec(_KINDS[i % len(_KINDS)]) for i in range(k)}
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> float:
+def _timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """The slowest rank's median seconds per call of ``fn`` (every rank calls it together)."""
     import torch
     import torch.distributed as dist
 
-    fn()  # warm-up (and, for metricsync, the one-time layout agreement)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
+    for _ in range(warmup):
         fn()
-    elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    per_call = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+    return float(statistics.median(per_call.tolist()))
 
 
-def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]:
+def _olmo_divide_factor(world: int) -> float:
+    """The power of two OLMo-core divides SUM-reduced metrics by before the reduce."""
+    factor = 1
+    while world % factor == 0 and world / factor > factor:
+        factor *= 2
+    return float(factor)
+
+
+def olmo_core_reduce(
+    metrics: dict[int, dict[str, Any]], reduce_types: dict[str, str], group: Any = None
+) -> dict[int, dict[str, float]]:
+    """OLMo-core's ``reduce_metrics``, replicated for the benchmark (same algorithm).
+
+    After ``reduce_metrics`` in OLMo-core's ``src/olmo_core/train/utils.py``
+    (allenai/OLMo-core): metrics are ``{step: {name: 0-d tensor}}`` with one
+    reduce type per name. Per step, names are taken in sorted order; ``mean``
+    and ``sum`` go to a SUM group, ``l2_norm`` to it squared, ``max`` to a MAX
+    group. Each group's values are stacked per step, padded to the longest
+    step and stacked into one 2-D tensor; the SUM tensor is divided by a
+    power-of-two factor before the reduce and multiplied back after. One SUM
+    and one MAX collective, one host copy each, ``tolist``, then the values go
+    back into a dict by name (``mean`` divided by the world size, ``l2_norm``
+    square-rooted). OLMo-core reduces to rank 0 with ``dist.reduce``; here it
+    is ``all_reduce``, so that every rank holds the result as after
+    ``Metrics.sync()``.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    world = dist.get_world_size(group)
+    factor = _olmo_divide_factor(world)
+    out: dict[int, dict[str, float]] = {}
+    sum_names: list[list[str]] = []
+    sum_rows: list[Any] = []
+    max_names: list[list[str]] = []
+    max_rows: list[Any] = []
+    for step in sorted(metrics):
+        s_names: list[str] = []
+        s_vals: list[Any] = []
+        m_names: list[str] = []
+        m_vals: list[Any] = []
+        step_metrics = metrics[step]
+        for name in sorted(step_metrics):
+            value = step_metrics[name]
+            kind = reduce_types[name]
+            if kind in ("mean", "sum"):
+                s_names.append(name)
+                s_vals.append(value)
+            elif kind == "l2_norm":
+                s_names.append(name)
+                s_vals.append(value.pow(2))
+            elif kind == "max":
+                m_names.append(name)
+                m_vals.append(value)
+            else:
+                out.setdefault(step, {})[name] = value.item()
+        sum_names.append(s_names)
+        sum_rows.append(torch.stack(s_vals) if s_vals else torch.tensor([]))
+        max_names.append(m_names)
+        max_rows.append(torch.stack(m_vals) if m_vals else torch.tensor([]))
+    width_sum = max(t.numel() for t in sum_rows)
+    width_max = max(t.numel() for t in max_rows)
+    sums = torch.stack([F.pad(t, (0, width_sum - t.numel()), value=0.0) for t in sum_rows])
+    maxes = torch.stack([F.pad(t, (0, width_max - t.numel()), value=0.0) for t in max_rows])
+    sums.div_(factor)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+    sums.mul_(factor)
+    sums, maxes = sums.cpu(), maxes.cpu()
+    for i, step in enumerate(sorted(metrics)):
+        step_out = out.setdefault(step, {})
+        for name, item in zip(sum_names[i], sums[i].tolist()):
+            kind = reduce_types[name]
+            if kind == "mean":
+                item = item / world
+            elif kind == "l2_norm":
+                item = math.sqrt(item)
+            step_out[name] = item
+        for name, item in zip(max_names[i], maxes[i].tolist()):
+            step_out[name] = item
+    return out
+
+
+@contextmanager
+def _progress(enabled: bool, total: int, desc: str) -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr when ``enabled`` and tqdm is installed; otherwise silent."""
+    bar: Any = None
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        except ImportError:
+            bar = None
+
+    def step(what: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(what, refresh=False)
+            bar.update(1)
+
+    try:
+        yield step
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _quantile_bytes(rank: int) -> tuple[float, float]:
+    """Payload bytes of a steady sync holding 10 and 20 quantile metrics spanning 16-4,096."""
+    import metricsync as ms
+    from metricsync.testing import count_collectives
+
+    rng = np.random.default_rng(100 + rank)
+    sizes = []
+    for q in (10, 20):
+        m = ms.Metrics({"len/*": ms.Spec(("mean", "p50", "p99"))})
+        for i in range(q):
+            m.record(f"len/{i}", rng.integers(16, 4097, size=1000))
+        m.sync()  # the layout agreement
+        with count_collectives() as seen:
+            m.sync().compute()
+        sizes.append(seen.bytes)
+    return float(sizes[0]), float(sizes[1])
+
+
+def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
     import metricsync as ms
+    from metricsync.testing import count_collectives
 
     rng = np.random.default_rng(rank)
     specs = _specs(k)
@@ -69,92 +218,195 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]
             metrics.record(name, v)
         lists[name] = row.tolist()
 
-    def ours() -> object:
-        return metrics.sync()
+    result: dict[str, float] = {"K": float(k), "world": float(world)}
+    with _progress(progress and rank == 0, len(_PHASES), f"{world} ranks, K={k:,}") as tick:
 
-    def gather_object() -> object:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, lists)
-        merged: dict[str, list[float]] = {}
-        for part in gathered:
-            for name, vals in part.items():
-                merged.setdefault(name, []).extend(vals)
+        def ours() -> object:
+            return metrics.sync().compute()
+
+        result["t_metricsync"] = _timed(ours, repeats)
+        result["t_sync_only"] = _timed(metrics.sync, repeats)
+        metrics.sync()
+        with count_collectives() as steady:
+            metrics.sync()
+        result["bytes_metricsync"] = float(steady.bytes)
+        result["collectives_metricsync"] = float(steady.total)
+        tick("metricsync")
+
+        # The floor: metricsync's own steady collectives, on buffers packed in advance.
+        buffers = [
+            (fname, torch.from_numpy(rng.normal(size=max(1, size // 8))))
+            for fname, size in steady.log
+        ]
+
+        def floor() -> object:
+            for fname, buf in buffers:
+                if fname == "all_gather":
+                    dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
+                else:
+                    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+            return None
+
+        result["t_floor"] = _timed(floor, repeats)
+        result["bytes_floor"] = float(sum(8 * b.numel() for _, b in buffers))
+        tick("floor")
+
+        local: dict[str, Callable[[np.ndarray], Any]] = {
+            "mean": np.mean,
+            "sum": np.sum,
+            "max": np.max,
+            "std": lambda a: np.sqrt(np.sum(a * a)),
+        }
+        kinds = {name: specs[name].reduce[0] for name in names}
+        olmo_metrics = {
+            0: {
+                name: torch.tensor(float(local[kinds[name]](row)), dtype=torch.float32)
+                for name, row in zip(names, values)
+            }
+        }
+        olmo_types = {name: _OLMO_KIND[kinds[name]] for name in names}
+        reduced = olmo_core_reduce(olmo_metrics, olmo_types)
+        assert len(reduced[0]) == k
+        result["t_olmo_core"] = _timed(lambda: olmo_core_reduce(olmo_metrics, olmo_types), repeats)
+        tick("olmo_core")
+
         reducers: dict[str, Callable[[np.ndarray], Any]] = {
             "mean": np.mean,
             "sum": np.sum,
             "max": np.max,
             "std": np.std,
         }
-        return {
-            name: reducers[specs[name].reduce[0]](np.asarray(vals)) for name, vals in merged.items()
-        }
 
-    per_metric_buffers = [
-        torch.tensor([row.sum(), float(len(row))], dtype=torch.float64) for row in values
-    ]
+        def gather_object() -> dict[str, Any]:
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, lists)
+            merged: dict[str, list[float]] = {}
+            for part in gathered:
+                for name, vals in part.items():
+                    merged.setdefault(name, []).extend(vals)
+            return {name: reducers[kinds[name]](np.asarray(vals)) for name, vals in merged.items()}
 
-    def per_metric() -> object:
-        for buf in per_metric_buffers:
-            dist.all_reduce(buf.clone())
-        return None
+        want = gather_object()  # the pooled samples of every rank, reduced by numpy
+        got = metrics.sync().compute()
+        assert got.keys() == want.keys()
+        assert all(math.isclose(got[n], float(want[n]), rel_tol=1e-9, abs_tol=1e-9) for n in want)
+        result["t_gather_object"] = _timed(gather_object, max(3, repeats // 4))
+        result["bytes_gather_object"] = float(len(pickle.dumps(lists)))
+        tick("gather_object")
 
-    # The floor: the same collectives metricsync makes, on buffers packed in advance.
-    n_cols_max, n_cols_sum = 4, 7
-    check = torch.zeros(5, dtype=torch.int64)
-    max_buf = torch.from_numpy(rng.normal(size=k * n_cols_max))
-    sum_buf = torch.from_numpy(rng.normal(size=k * n_cols_sum))
+        # One all_reduce per metric costs K collective latencies: timed on at most
+        # 1,000 metrics and scaled to K.
+        sample = min(k, 1000)
+        per_metric_buffers = [
+            torch.tensor([row.sum(), float(len(row))], dtype=torch.float64)
+            for row in values[:sample]
+        ]
 
-    def floor() -> object:
-        dist.all_reduce(check, op=dist.ReduceOp.MAX)
-        dist.all_reduce(max_buf, op=dist.ReduceOp.MAX)
-        dist.all_reduce(sum_buf)
-        return None
+        def per_metric() -> object:
+            for buf in per_metric_buffers:
+                dist.all_reduce(buf.clone())
+            return None
 
-    per_metric_repeats = max(1, min(repeats, 2000 // max(k, 1)))
-    result = {
-        "K": float(k),
-        "world": float(world),
-        "t_metricsync": _timed(ours, repeats),
-        "t_floor": _timed(floor, repeats),
-        "t_gather_object": _timed(gather_object, max(1, repeats // 4)),
-        "t_per_metric": _timed(per_metric, per_metric_repeats),
-        "bytes_metricsync": float(8 * (5 + k * (n_cols_max + n_cols_sum))),
-        "bytes_floor": float(8 * (5 + k * (n_cols_max + n_cols_sum))),
-        "bytes_gather_object": float(len(pickle.dumps(lists)) * (world - 1)),
-        "bytes_per_metric": float(16 * k),
-    }
-    assert metrics.sync().compute().keys() == metrics.compute().keys()
+        t_sample = _timed(per_metric, max(3, min(repeats, 2000 // sample)))
+        result["t_per_metric"] = t_sample * k / sample
+        result["bytes_per_metric"] = float(16 * k)
+        tick("per_metric")
+
+        # Changed layout: before each timed sync the odd ranks add a name no rank had.
+        counter = iter(range(1_000_000))
+
+        def changed() -> object:
+            if rank % 2 == 1:
+                metrics.record(f"new/{next(counter):06d}", 1.0)
+            return metrics.sync().compute()
+
+        changed_repeats = max(3, min(repeats, 30_000 // max(k, 1)))
+        result["t_changed"] = _timed(changed, changed_repeats, warmup=0)
+        result["t_steady_again"] = _timed(ours, changed_repeats)  # steady, at the same K
+        if rank % 2 == 1:
+            metrics.record(f"new/{next(counter):06d}", 1.0)
+        with count_collectives() as seen:
+            metrics.sync()
+        result["bytes_changed"] = float(seen.bytes)
+        result["collectives_changed"] = float(seen.total)
+        tick("changed")
+
+        q10, q20 = _quantile_bytes(rank)
+        result["bytes_quantile_marginal"] = (q20 - q10) / 10
+        result["bytes_quantile_mean"] = q20 / 20
+        tick("bytes")
+
     return result
 
 
-def run(world_size: int = 2, metrics: int = 1000, repeats: int = 20) -> list[dict[str, float]]:
+def run(
+    world_size: int = 2, metrics: int = 1000, repeats: int = 20, progress: bool = False
+) -> list[dict[str, float]]:
     """Run the benchmark on ``world_size`` local gloo ranks; one result row (from rank 0)."""
     from .testing import run_distributed
 
-    rows = run_distributed(_bench_rank, world_size, args=(metrics, repeats), timeout=600)
+    rows = run_distributed(_bench_rank, world_size, args=(metrics, repeats, progress), timeout=900)
     return [rows[0]]
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}ms"
+
+
 def format_rows(rows: list[dict[str, float]]) -> str:
-    """A table of times, bytes and ratios."""
-    head = (
-        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'floor':>9} {'gather_obj':>11} {'per_metric':>11}"
-        f" {'vs floor':>9} {'gather/ours':>12} {'per-metric/ours':>16} {'bytes ours':>11} {'bytes gather':>13}"
-    )
-    lines = [head]
+    """Three tables: times and ratios, changed layouts, bytes."""
+    lines = [
+        "sync + compute per call (slowest rank, median); targets: <= 0.7x olmo_core, "
+        "<= 1.3x the floor at K=10k on 4 ranks",
+        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'sync only':>10} {'olmo_core':>10}"
+        f" {'floor':>9} {'gather_obj':>11} {'per_metric':>11} {'vs olmo':>8} {'vs floor':>9}"
+        f" {'gather/ours':>11} {'per-metric/ours':>15}",
+    ]
     for r in rows:
         ours = r["t_metricsync"]
         lines.append(
-            f"{int(r['world']):>5} {int(r['K']):>6} {ours * 1e3:>9.2f}ms {r['t_floor'] * 1e3:>7.2f}ms"
-            f" {r['t_gather_object'] * 1e3:>9.2f}ms {r['t_per_metric'] * 1e3:>9.1f}ms"
-            f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>11.1f}x"
-            f" {r['t_per_metric'] / ours:>15.1f}x {int(r['bytes_metricsync']):>11,} {int(r['bytes_gather_object']):>13,}"
+            f"{int(r['world']):>5} {int(r['K']):>6} {_ms(ours):>11} {_ms(r['t_sync_only']):>10}"
+            f" {_ms(r['t_olmo_core']):>10} {_ms(r['t_floor']):>9} {_ms(r['t_gather_object']):>11}"
+            f" {_ms(r['t_per_metric']):>11} {ours / r['t_olmo_core']:>7.2f}x"
+            f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>10.1f}x"
+            f" {r['t_per_metric'] / ours:>14.1f}x"
+        )
+    lines += [
+        "",
+        "changed layout (odd ranks add a name before each sync) against a steady sync; target <= 3x",
+        f"{'ranks':>5} {'K':>6} {'changed':>10} {'steady':>10} {'ratio':>7}"
+        f" {'collectives':>11} {'bytes changed':>14} {'bytes steady':>13}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{int(r['world']):>5} {int(r['K']):>6} {_ms(r['t_changed']):>10}"
+            f" {_ms(r['t_steady_again']):>10} {r['t_changed'] / r['t_steady_again']:>6.1f}x"
+            f" {int(r['collectives_changed']):>5} vs {int(r['collectives_metricsync'])}"
+            f" {int(r['bytes_changed']):>14,} {int(r['bytes_metricsync']):>13,}"
+        )
+    lines += [
+        "",
+        "payload bytes each rank hands to the collectives per steady sync; per quantile metric "
+        "(16-4,096, 1%): target <= 4 KB",
+        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'per metric':>10} {'gather_obj':>11}"
+        f" {'per quantile metric':>20}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{int(r['world']):>5} {int(r['K']):>6} {int(r['bytes_metricsync']):>11,}"
+            f" {r['bytes_metricsync'] / r['K']:>10.1f} {int(r['bytes_gather_object']):>11,}"
+            f" {int(r['bytes_quantile_marginal']):>20,}"
         )
     return "\n".join(lines)
 
 
 def main(world_size: int = 2, metrics: int = 1000, repeats: int = 20) -> int:
-    """Entry point of ``metricsync bench``: print the table for one configuration."""
-    rows = run(world_size=world_size, metrics=metrics, repeats=repeats)
+    """Entry point of ``metricsync bench``: print the tables for one configuration.
+
+    A progress bar shows on stderr when it is a terminal and tqdm is installed.
+    """
+    rows = run(
+        world_size=world_size, metrics=metrics, repeats=repeats, progress=sys.stderr.isatty()
+    )
     print(format_rows(rows))
     return 0

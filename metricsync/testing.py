@@ -258,11 +258,13 @@ class CollectiveCounts:
     collective: the tensor (or the tensors of a list) it contributes, or the
     pickle of the object for the ``*_object*`` functions. It is the payload,
     not the wire traffic, which depends on the backend's algorithm (a ring
-    all-reduce moves about twice the payload per rank).
+    all-reduce moves about twice the payload per rank). ``log`` lists every
+    call in order as ``(function name, payload bytes)``.
     """
 
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
     bytes: int = 0
+    log: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -292,7 +294,7 @@ def count_collectives() -> Iterator[CollectiveCounts]:
     ``all_gather`` inside) count once, as the outer call.
 
     >>> run_distributed(_doctest_collectives, world_size=2)
-    [(1, 80), (1, 80)]
+    [[('all_reduce', 80), ('barrier', 0)], [('all_reduce', 80), ('barrier', 0)]]
     """
     import torch.distributed as dist
 
@@ -303,15 +305,18 @@ def count_collectives() -> Iterator[CollectiveCounts]:
         original = originals[name]
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            counts.calls[name] += 1
+            size = 0
             if where is not None:
                 position, keyword = where
                 payload = args[position] if len(args) > position else kwargs.get(keyword)
                 if pickled:
                     items = payload if name.endswith("_list") else [payload]
-                    counts.bytes += sum(len(pickle.dumps(item)) for item in items or [])
+                    size = sum(len(pickle.dumps(item)) for item in items or [])
                 else:
-                    counts.bytes += _payload_bytes(payload)
+                    size = _payload_bytes(payload)
+            counts.calls[name] += 1
+            counts.bytes += size
+            counts.log.append((name, size))
             return original(*args, **kwargs)
 
         return counted
@@ -375,10 +380,12 @@ def _doctest_rank(rank: int, world_size: int) -> int:
     return int(t.item()) * rank * 2
 
 
-def _doctest_collectives(rank: int, world_size: int) -> tuple[int, int]:
+def _doctest_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:
     import torch
     import torch.distributed as dist
 
     with count_collectives() as seen:
         dist.all_reduce(torch.zeros(10, dtype=torch.float64))
-    return seen.total, seen.bytes
+        dist.barrier()
+    assert seen.total == 2 and seen.bytes == 80
+    return seen.log
