@@ -1,8 +1,9 @@
 """The sync benchmark behind ``metricsync bench`` and ``bench/sync.py``.
 
 For K metrics (a mix of mean, sum, max and std, 4 records each per rank) on
-N gloo ranks, it times in one run, in the same processes (the slowest rank's
-median over the repeats):
+N gloo ranks, it times in one run, in the same processes, interleaved (each
+repeat runs every approach once, in a rotating order), the slowest rank's
+median over the repeats:
 
 - ``metricsync``: ``Metrics.sync()`` then ``compute()`` in steady state (the
   layout already agreed), and ``sync()`` alone;
@@ -20,7 +21,7 @@ median over the repeats):
 - ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style),
   timed on at most 1,000 metrics and scaled to K (its cost is linear in K);
 - ``changed``: a sync (plus ``compute()``) right after the odd ranks added a
-  name, so the layout differs from the agreed one; compared with a steady
+  name, so the layout differs from the agreed one; interleaved with a steady
   sync at the same K.
 
 It also counts the payload bytes each rank hands to the collectives per
@@ -51,7 +52,6 @@ _KINDS = ("mean", "sum", "max", "std")
 # OLMo-core has no std: those metrics go through its cheapest path, a plain mean
 _OLMO_KIND = {"mean": "mean", "sum": "sum", "max": "max", "std": "mean"}
 _RECORDS_PER_METRIC = 4
-_PHASES = ("metricsync", "floor", "olmo_core", "gather_object", "per_metric", "changed", "bytes")
 
 
 def _specs(k: int) -> dict[str, Any]:
@@ -60,22 +60,43 @@ def _specs(k: int) -> dict[str, Any]:
     return {f"m{i:05d}": ms.Spec(_KINDS[i % len(_KINDS)]) for i in range(k)}
 
 
-def _timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """The slowest rank's median seconds per call of ``fn`` (every rank calls it together)."""
+def _interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    every: dict[str, int] | None = None,
+    tick: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """The slowest rank's median seconds per call of each function, run interleaved.
+
+    Every rank calls them together: repeat ``r`` runs each function once (those
+    in ``every`` only on every n-th repeat), in an order rotated by ``r``, each
+    call after a barrier. Each function runs once first, untimed.
+    """
     import torch
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    per_call = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
-    return float(statistics.median(per_call.tolist()))
+    every = every or {}
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if r % every.get(name, 1):
+                continue
+            dist.barrier()
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+        if tick is not None:
+            tick(f"repeat {r + 1}")
+    out = {}
+    for name in names:
+        per_call = torch.tensor(times[name], dtype=torch.float64)
+        dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+        out[name] = float(statistics.median(per_call.tolist()))
+    return out
 
 
 def _olmo_divide_factor(world: int) -> float:
@@ -214,6 +235,7 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
     rng = np.random.default_rng(rank)
     specs = _specs(k)
     names = list(specs)
+    kinds = {name: specs[name].reduce[0] for name in names}
     values = rng.normal(size=(k, _RECORDS_PER_METRIC))
     metrics = ms.Metrics(specs)
     lists: dict[str, list[float]] = {}
@@ -222,124 +244,112 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
             metrics.record(name, v)
         lists[name] = row.tolist()
 
-    result: dict[str, float] = {"K": float(k), "world": float(world)}
-    with _progress(progress and rank == 0, len(_PHASES), f"{world} ranks, K={k:,}") as tick:
+    def ours() -> object:
+        return metrics.sync().compute()
 
-        def ours() -> object:
-            return metrics.sync().compute()
-
-        result["t_metricsync"] = _timed(ours, repeats)
-        result["t_sync_only"] = _timed(metrics.sync, repeats)
+    # The floor: metricsync's own steady collectives, on buffers packed in advance.
+    metrics.sync()
+    with count_collectives() as steady:
         metrics.sync()
-        with count_collectives() as steady:
-            metrics.sync()
+    buffers = [
+        (fname, torch.from_numpy(rng.normal(size=max(1, size // 8)))) for fname, size in steady.log
+    ]
+
+    def floor() -> object:
+        for fname, buf in buffers:
+            if fname == "all_gather":
+                dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
+            else:
+                dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+        return None
+
+    local: dict[str, Callable[[np.ndarray], Any]] = {
+        "mean": np.mean,
+        "sum": np.sum,
+        "max": np.max,
+        "std": np.std,
+    }
+    olmo_metrics = {
+        0: {
+            name: torch.tensor(float(local[kinds[name]](row)), dtype=torch.float32)
+            for name, row in zip(names, values)
+        }
+    }
+    olmo_types = {name: _OLMO_KIND[kinds[name]] for name in names}
+    assert len(olmo_core_reduce(olmo_metrics, olmo_types)[0]) == k
+
+    def gather_object() -> dict[str, Any]:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, lists)
+        merged: dict[str, list[float]] = {}
+        for part in gathered:
+            for name, vals in part.items():
+                merged.setdefault(name, []).extend(vals)
+        return {name: local[kinds[name]](np.asarray(vals)) for name, vals in merged.items()}
+
+    want = gather_object()  # the pooled samples of every rank, reduced by numpy
+    got = metrics.sync().compute()
+    assert got.keys() == want.keys()
+    assert all(math.isclose(got[n], float(want[n]), rel_tol=1e-9, abs_tol=1e-9) for n in want)
+
+    # One all_reduce per metric costs K collective latencies: timed on at most
+    # 1,000 metrics and scaled to K.
+    sample = min(k, 1000)
+    per_metric_buffers = [
+        torch.tensor([row.sum(), float(len(row))], dtype=torch.float64) for row in values[:sample]
+    ]
+
+    def per_metric() -> object:
+        for buf in per_metric_buffers:
+            dist.all_reduce(buf.clone())
+        return None
+
+    # Changed layout: before each such sync the odd ranks add a name no rank had.
+    counter = iter(range(1_000_000))
+
+    def changed() -> object:
+        if rank % 2 == 1:
+            metrics.record(f"new/{next(counter):06d}", 1.0)
+        return metrics.sync().compute()
+
+    changed_repeats = max(3, min(repeats, 30_000 // max(k, 1)))
+    per_metric_repeats = max(3, min(repeats, 2000 // sample))
+    steps = repeats + per_metric_repeats + changed_repeats + 1
+    result: dict[str, float] = {"K": float(k), "world": float(world)}
+    with _progress(progress and rank == 0, steps, f"{world} ranks, K={k:,}") as tick:
+        t = _interleaved(
+            {
+                "metricsync": ours,
+                "sync_only": metrics.sync,
+                "floor": floor,
+                "olmo_core": lambda: olmo_core_reduce(olmo_metrics, olmo_types),
+                "gather_object": gather_object,
+            },
+            repeats,
+            every={"gather_object": 4},
+            tick=tick,
+        )
+        result |= {f"t_{name}": v for name, v in t.items()}
+        t_sample = _interleaved({"per_metric": per_metric}, per_metric_repeats, tick=tick)
+        result["t_per_metric"] = t_sample["per_metric"] * k / sample
+        # each changed sync is unique: its untimed first call is one more change
+        t = _interleaved({"changed": changed, "steady_again": ours}, changed_repeats, tick=tick)
+        result |= {f"t_{name}": v for name, v in t.items()}
         result["bytes_metricsync"] = float(steady.bytes)
         result["collectives_metricsync"] = float(steady.total)
-        tick("metricsync")
-
-        # The floor: metricsync's own steady collectives, on buffers packed in advance.
-        buffers = [
-            (fname, torch.from_numpy(rng.normal(size=max(1, size // 8))))
-            for fname, size in steady.log
-        ]
-
-        def floor() -> object:
-            for fname, buf in buffers:
-                if fname == "all_gather":
-                    dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
-                else:
-                    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-            return None
-
-        result["t_floor"] = _timed(floor, repeats)
         result["bytes_floor"] = float(sum(8 * b.numel() for _, b in buffers))
-        tick("floor")
-
-        local: dict[str, Callable[[np.ndarray], Any]] = {
-            "mean": np.mean,
-            "sum": np.sum,
-            "max": np.max,
-            "std": np.std,
-        }
-        kinds = {name: specs[name].reduce[0] for name in names}
-        olmo_metrics = {
-            0: {
-                name: torch.tensor(float(local[kinds[name]](row)), dtype=torch.float32)
-                for name, row in zip(names, values)
-            }
-        }
-        olmo_types = {name: _OLMO_KIND[kinds[name]] for name in names}
-        reduced = olmo_core_reduce(olmo_metrics, olmo_types)
-        assert len(reduced[0]) == k
-        result["t_olmo_core"] = _timed(lambda: olmo_core_reduce(olmo_metrics, olmo_types), repeats)
-        tick("olmo_core")
-
-        reducers: dict[str, Callable[[np.ndarray], Any]] = {
-            "mean": np.mean,
-            "sum": np.sum,
-            "max": np.max,
-            "std": np.std,
-        }
-
-        def gather_object() -> dict[str, Any]:
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, lists)
-            merged: dict[str, list[float]] = {}
-            for part in gathered:
-                for name, vals in part.items():
-                    merged.setdefault(name, []).extend(vals)
-            return {name: reducers[kinds[name]](np.asarray(vals)) for name, vals in merged.items()}
-
-        want = gather_object()  # the pooled samples of every rank, reduced by numpy
-        got = metrics.sync().compute()
-        assert got.keys() == want.keys()
-        assert all(math.isclose(got[n], float(want[n]), rel_tol=1e-9, abs_tol=1e-9) for n in want)
-        result["t_gather_object"] = _timed(gather_object, max(3, repeats // 4))
         result["bytes_gather_object"] = float(len(pickle.dumps(lists)))
-        tick("gather_object")
-
-        # One all_reduce per metric costs K collective latencies: timed on at most
-        # 1,000 metrics and scaled to K.
-        sample = min(k, 1000)
-        per_metric_buffers = [
-            torch.tensor([row.sum(), float(len(row))], dtype=torch.float64)
-            for row in values[:sample]
-        ]
-
-        def per_metric() -> object:
-            for buf in per_metric_buffers:
-                dist.all_reduce(buf.clone())
-            return None
-
-        t_sample = _timed(per_metric, max(3, min(repeats, 2000 // sample)))
-        result["t_per_metric"] = t_sample * k / sample
         result["bytes_per_metric"] = float(16 * k)
-        tick("per_metric")
-
-        # Changed layout: before each timed sync the odd ranks add a name no rank had.
-        counter = iter(range(1_000_000))
-
-        def changed() -> object:
-            if rank % 2 == 1:
-                metrics.record(f"new/{next(counter):06d}", 1.0)
-            return metrics.sync().compute()
-
-        changed_repeats = max(3, min(repeats, 30_000 // max(k, 1)))
-        result["t_changed"] = _timed(changed, changed_repeats, warmup=0)
-        result["t_steady_again"] = _timed(ours, changed_repeats)  # steady, at the same K
         if rank % 2 == 1:
             metrics.record(f"new/{next(counter):06d}", 1.0)
         with count_collectives() as seen:
             metrics.sync()
         result["bytes_changed"] = float(seen.bytes)
         result["collectives_changed"] = float(seen.total)
-        tick("changed")
-
         q10, q20 = _quantile_bytes(rank)
         result["bytes_quantile_marginal"] = (q20 - q10) / 10
         result["bytes_quantile_mean"] = q20 / 20
         tick("bytes")
-
     return result
 
 
