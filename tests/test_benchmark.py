@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from metricsync._benchmark import _olmo_divide_factor, _progress
+from metricsync._baselines import olmo_divide_factor
+from metricsync._benchmark import _progress
 
 
 def _walk(enabled: bool) -> None:
@@ -40,4 +41,4 @@ def test_with_tqdm_the_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str]) ->
     ("world", "factor"), [(1, 1.0), (2, 2.0), (4, 2.0), (8, 4.0), (16, 4.0), (6, 4.0), (64, 8.0)]
 )
 def test_olmo_divide_factor_matches_values_worked_by_hand(world: int, factor: float) -> None:
-    assert _olmo_divide_factor(world) == factor
+    assert olmo_divide_factor(world) == factor
