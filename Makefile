@@ -42,6 +42,7 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.test-installed
+	$(PY) bench/step.py
 	$(PY) bench/record.py
 	$(PY) bench/sync.py
 	$(PY) bench/quantiles.py

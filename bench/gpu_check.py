@@ -8,24 +8,134 @@ Run: .venv/bin/python bench/gpu_check.py
 2. ``compute()`` agrees with torch over the same data.
 3. Time per record of a 0-d CUDA tensor against the ``.item()`` pattern it
    replaces.
-4. ``sync()`` over a one-rank NCCL group on 127.0.0.1 (packing on the device),
+4. Per recording path of a CUDA tensor (0-d, masked mean, masked
+   ``(mean, max, min)``, weighted mean, int64 lengths into a quantile
+   metric): the aten ops one ``record()`` dispatches on the device
+   (``metricsync.testing.count_device_ops("cuda")``; each is a kernel
+   launch), and the time per record, the final ``compute()`` included,
+   against the hand-rolled ``.item()`` code it replaces (interleaved,
+   median of repeats).
+5. ``sync()`` over a one-rank NCCL group on 127.0.0.1 (packing on the device),
    checked against ``compute()``, and its time for 1,000 metrics.
+
+Without CUDA it prints the op counts of step 4 on the meta device (the same
+counts, no GPU needed) and exits 0. The whole check takes well under two
+minutes on a GPU; it ends with a compact summary.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import metricsync as ms
-from metricsync.testing import free_port
+from metricsync.testing import count_device_ops, free_port
+
+RECORDS = 300  # records per timed run of a path
+REPEATS = 5  # interleaved runs per side
+
+
+def path_table(
+    device: Any,
+) -> dict[str, tuple[ms.Spec, Callable[[ms.Metrics], None], Callable[[list[float]], None]]]:
+    """Each recording path: its spec, a metricsync record, and the hand-rolled ``.item()`` twin."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    scalar = torch.randn((), generator=gen).to(device)
+    tokens = torch.randn(4, 256, generator=gen).to(device)
+    lengths = torch.randint(16, 257, (4,), generator=gen)
+    mask = (torch.arange(256).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
+    weights = torch.rand(4, 256, generator=gen).to(device)
+    ints = torch.randint(16, 4097, (8,), generator=gen, dtype=torch.int64).to(device)
+
+    def twin_mmm(out: list[float]) -> None:
+        valid = torch.masked_select(tokens, mask)
+        out += [valid.mean().item(), valid.max().item(), valid.min().item()]
+
+    return {
+        "0-d tensor": (
+            ms.Spec(),
+            lambda m: m.record("x", scalar),
+            lambda out: out.append(scalar.item()),
+        ),
+        "masked (4, 256), mean": (
+            ms.Spec("mean"),
+            lambda m: m.record("x", tokens, mask=mask),
+            lambda out: out.append(((tokens * mask).sum() / mask.sum()).item()),
+        ),
+        "masked (4, 256), (mean, max, min)": (
+            ms.Spec(("mean", "max", "min")),
+            lambda m: m.record("x", tokens, mask=mask),
+            twin_mmm,
+        ),
+        "weighted (4, 256), mean": (
+            ms.Spec("mean"),
+            lambda m: m.record("x", tokens, weight=weights),
+            lambda out: out.append(((tokens * weights).sum() / weights.sum()).item()),
+        ),
+        "8 int64 lengths, (mean, p50, p99)": (
+            ms.Spec(("mean", "p50", "p99")),
+            lambda m: m.record("x", ints),
+            lambda out: out.extend(ints.tolist()),
+        ),
+    }
+
+
+def op_counts(device: Any) -> dict[str, int]:
+    """Device ops of one steady-state ``record()`` per path (inputs made outside the count)."""
+    counts = {}
+    for label, (spec, record, _) in path_table(device).items():
+        m = ms.Metrics({"x": spec})
+        record(m)  # the first record of a name may allocate
+        with count_device_ops(device) as ops:
+            record(m)
+        counts[label] = ops.total()
+    return counts
+
+
+def timings(device: Any) -> dict[str, tuple[float, float]]:
+    """Median seconds per record, metricsync (compute() and a synchronize included) vs ``.item()``."""
+    import torch
+
+    out = {}
+    for label, (spec, record, twin) in path_table(device).items():
+
+        def ours(spec: ms.Spec = spec, record: Callable[[ms.Metrics], None] = record) -> None:
+            m = ms.Metrics({"x": spec})
+            for _ in range(RECORDS):
+                record(m)
+            m.compute()
+
+        def theirs(twin: Callable[[list[float]], None] = twin) -> None:
+            values: list[float] = []
+            for _ in range(RECORDS):
+                twin(values)
+
+        times: dict[str, list[float]] = {"ours": [], "theirs": []}
+        ours()
+        theirs()
+        for r in range(REPEATS):
+            for side, fn in (("ours", ours), ("theirs", theirs))[:: 1 if r % 2 == 0 else -1]:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times[side].append((time.perf_counter() - start) / RECORDS)
+        out[label] = (statistics.median(times["ours"]), statistics.median(times["theirs"]))
+    return out
 
 
 def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; nothing to check")
+        print("gpu_check: no CUDA device here; only the op counts, on the meta device:")
+        for label, count in op_counts(torch.device("meta")).items():
+            print(f"  {label:<36} {count:>4} aten ops per record")
         return 0
     dev = torch.device("cuda")
     n = 1 << 20
@@ -81,6 +191,18 @@ def main() -> int:
     )
     del values
 
+    counts = op_counts(dev)
+    times = timings(dev)
+    print(f"4. per record() of a CUDA tensor ({torch.cuda.get_device_name()}), compute() included:")
+    print(f"   {'path':<36} {'ops':>4} {'metricsync':>11} {'.item() twin':>13} {'ratio':>7}")
+    for label, count in counts.items():
+        ours, theirs = times[label]
+        print(
+            f"   {label:<36} {count:>4} {ours * 1e6:>8.1f} us {theirs * 1e6:>10.1f} us"
+            f" {ours / theirs:>6.2f}x"
+        )
+    print("   budgets: 0-d <= 2 ops, masked mean <= 8, (mean, max, min) <= 12, quantile <= 12")
+
     import torch.distributed as dist
 
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
@@ -99,10 +221,11 @@ def main() -> int:
         for _ in range(20):
             many.sync()
         print(
-            f"4. sync over NCCL matches compute(); 1,000 metrics: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms"
+            f"5. sync over NCCL matches compute(); 1,000 metrics: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms"
         )
     finally:
         dist.destroy_process_group()
+
     return 0
 
 

@@ -1,187 +1,425 @@
-"""Recording cost of metricsync against the floor and a verl-style baseline.
+"""Each recording path of metricsync against its hand-rolled twin, the final fold included.
 
-Run: ``.venv/bin/python bench/record.py [--records N] [--names K] [--elements E]``
+Run: .venv/bin/python bench/record.py [--repeats 9] [--scale 1.0]
 
-Prints, in one process:
+Every row records N values round-robin into 8 names, then reads the result
+once (``Metrics.compute()``: the deferred fold is part of the cost; the twin
+reduces its lists with numpy). Both sides run interleaved, the order
+alternating every repeat, in one process with 1 torch thread; the table
+gives the median time per record and the ratio of the medians. Each pair
+is checked to agree on the result before it is timed.
 
-- float records: ``Metrics.record(name, float)`` (plus one final ``compute()``)
-  against ``collections.defaultdict(list)`` appends (the floor: plus a final
-  ``np.mean`` per name) and against a verl-style ``Metric.append`` (a list per
-  name, ``isinstance`` checks, ``.item()`` on tensors, ``np.mean`` at the end);
-- a masked float32 tensor: ``Metrics.record(name, x, mask=mask)`` for a spec
-  asking mean, sum, count, min and max, plus ``compute()``, against one pass of
-  torch's own masked ``sum``/``count``/``min``/``max`` on the same data.
+| path | metricsync | hand-rolled twin | target |
+|---|---|---|---|
+| float | ``record(name, x)`` | ``defaultdict(list)`` append, ``np.mean`` | 3x |
+| float | same | verl's ``Metric.append`` | (faster) |
+| weighted float | ``record(name, x, weight=w)`` | two appends, sum-product | 3x |
+| 0-d CPU tensor | ``record(name, t)`` | ``.item()`` + append | 3x |
+| 8 ints, int64 tensor | into ``(mean, p50, p99)`` | ``.tolist()`` + extend, numpy | 3x |
+| 8 ints, list | into ``(mean, p50, p99)`` | extend, numpy | 3x |
+| numpy array of 64 | ``record(name, a)`` | ``list.extend(a)``, ``np.mean`` | 3x |
+| masked (4, 256) tensor | ``record(name, t, mask=m)`` | ``((t*m).sum()/m.sum()).item()`` | 1.5x |
+| masked 1M-element tensor | ``(mean, sum, count, min, max)`` | torch's own masked reductions | 3x |
 
-Each figure is the best of several repeats (seconds per whole workload).
+It also prints the aten ops one ``record()`` of a device tensor dispatches,
+counted on the meta device (``metricsync.testing.count_device_ops``): on a GPU
+each is a kernel launch.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 import metricsync as ms
+from metricsync.testing import count_device_ops
+
+NAMES = [f"actor/metric_{i}" for i in range(8)]
+QUANTILE_SPEC = ms.Spec(("mean", "p50", "p99"))
 
 
-class AggregationType(Enum):
-    MEAN = "mean"
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
+@dataclass
+class Path:
+    """One row: a metricsync workload, its twin, the records each makes, and the target ratio."""
+
+    label: str
+    twin_label: str
+    ours: Callable[[], dict[str, float]]
+    twin: Callable[[], dict[str, float]]
+    records: int
+    target: float | None
+    check: Callable[[dict[str, float], dict[str, float]], None]
 
 
-NumericType = int, float, torch.Tensor, np.ndarray
+def close(rel: float = 1e-9) -> Callable[[dict[str, float], dict[str, float]], None]:
+    def check(ours: dict[str, float], twin: dict[str, float]) -> None:
+        assert ours.keys() == twin.keys(), (sorted(ours), sorted(twin))
+        for k, v in twin.items():
+            assert math.isclose(ours[k], v, rel_tol=rel, abs_tol=1e-12), (k, ours[k], v)
+
+    return check
 
 
-class VerlStyleMetric:
-    """What verl's ``verl/utils/metric/utils.py`` ``Metric`` does on every append."""
+def quantile_check(
+    samples: dict[str, np.ndarray],
+) -> Callable[[dict[str, float], dict[str, float]], None]:
+    """Means equal; each pNN within 1% of the order statistics numpy interpolates between."""
 
-    def __init__(self, aggregation: str | AggregationType) -> None:
-        self.aggregation = (
-            AggregationType(aggregation) if isinstance(aggregation, str) else aggregation
-        )
-        if not isinstance(self.aggregation, AggregationType):
-            raise ValueError(f"unsupported aggregation {aggregation!r}")
-        self.values: list[Any] = []
+    def check(ours: dict[str, float], twin: dict[str, float]) -> None:
+        assert ours.keys() == twin.keys()
+        for k, v in twin.items():
+            name, stat = k.rsplit("/", 1)
+            if stat == "mean":
+                assert math.isclose(ours[k], v, rel_tol=1e-9), (k, ours[k], v)
+                continue
+            s = np.sort(samples[name])
+            pos = float(stat[1:]) / 100.0 * (s.size - 1)
+            lo, hi = s[math.floor(pos)], s[math.ceil(pos)]
+            assert lo * 0.99 <= ours[k] <= hi * 1.01, (k, ours[k], lo, hi)
 
-    def append(self, value: Any) -> None:
-        if isinstance(value, VerlStyleMetric):
-            self.values.extend(value.values)
-            return
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError("only scalar tensors can be converted to float")
-            value = value.detach().item()
-        if not isinstance(value, NumericType):
-            raise ValueError(f"unsupported value type {type(value)}")
-        self.values.append(value)
-
-    def aggregate(self) -> float:
-        if self.aggregation is AggregationType.MEAN:
-            return float(np.mean(self.values))
-        if self.aggregation is AggregationType.SUM:
-            return float(np.sum(self.values))
-        if self.aggregation is AggregationType.MIN:
-            return float(np.min(self.values))
-        return float(np.max(self.values))
+    return check
 
 
-def best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """The best time of each workload, run round-robin so that drift hits all alike."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            gc.collect()
-            start = time.perf_counter()
-            fn()
-            best[key] = min(best[key], time.perf_counter() - start)
-    return best
+# --- the paths ---------------------------------------------------------------
 
 
-def float_workload(n_records: int, n_names: int) -> tuple[list[str], list[float]]:
+def float_paths(n: int) -> list[Path]:
     rng = np.random.default_rng(0)
-    names = [f"actor/metric_{i}" for i in range(n_names)]
-    keys = [names[i % n_names] for i in range(n_records)]
-    values = rng.normal(size=n_records).tolist()
-    return keys, values
+    pairs = [(NAMES[i % 8], v) for i, v in enumerate(rng.normal(size=n).tolist())]
+    weights = rng.uniform(0.5, 2.0, size=n).tolist()
+    triples = [(k, v, w) for (k, v), w in zip(pairs, weights)]
 
-
-def bench_floats(n_records: int, n_names: int, repeats: int) -> dict[str, float]:
-    keys, values = float_workload(n_records, n_names)
-    pairs = list(zip(keys, values))
-
-    def floor() -> object:
-        d: defaultdict[str, list[float]] = defaultdict(list)
-        for k, v in pairs:
-            d[k].append(v)
-        return {k: float(np.mean(vs)) for k, vs in d.items()}
-
-    def verl() -> object:  # verl's append_to_dict, then reduce_metrics
-        d: dict[str, VerlStyleMetric] = {}
-        for k, v in pairs:
-            if k not in d:
-                d[k] = VerlStyleMetric("mean")
-            d[k].append(v)
-        return {k: m.aggregate() for k, m in d.items()}
-
-    def metricsync() -> object:
+    def ours() -> dict[str, float]:
         m = ms.Metrics()
         record = m.record
         for k, v in pairs:
             record(k, v)
         return m.compute()
 
-    # the three agree on the result
-    a, b, c = floor(), verl(), metricsync()
-    assert isinstance(a, dict) and isinstance(c, dict)
-    for k, v in a.items():
-        assert abs(v - c[k]) <= 1e-9 * max(1.0, abs(v)), (k, v, c[k])
-    del b
-    return best_of({"dict": floor, "verl": verl, "metricsync": metricsync}, repeats)
+    def twin() -> dict[str, float]:
+        d: defaultdict[str, list[float]] = defaultdict(list)
+        for k, v in pairs:
+            d[k].append(v)
+        return {k: float(np.mean(vs)) for k, vs in d.items()}
+
+    def verl() -> dict[str, float]:
+        d: dict[str, VerlMetric] = {}
+        for k, v in pairs:
+            if k not in d:
+                d[k] = VerlMetric()
+            d[k].append(v)
+        return {k: float(np.mean(m.values)) for k, m in d.items()}
+
+    def ours_weighted() -> dict[str, float]:
+        m = ms.Metrics()
+        record = m.record
+        for k, v, w in triples:
+            record(k, v, weight=w)
+        return m.compute()
+
+    def twin_weighted() -> dict[str, float]:
+        vals: defaultdict[str, list[float]] = defaultdict(list)
+        wts: defaultdict[str, list[float]] = defaultdict(list)
+        for k, v, w in triples:
+            vals[k].append(v)
+            wts[k].append(w)
+        return {k: float(np.dot(vals[k], wts[k]) / np.sum(wts[k])) for k in vals}
+
+    return [
+        Path("float", "dict append + np.mean", ours, twin, n, 3.0, close()),
+        Path("float", "verl Metric.append", ours, verl, n, None, close()),
+        Path(
+            "float, weight=",
+            "2 appends + sum-product",
+            ours_weighted,
+            twin_weighted,
+            n,
+            3.0,
+            close(),
+        ),
+    ]
 
 
-def bench_masked(n_elements: int, repeats: int) -> dict[str, float]:
+class VerlMetric:
+    """What verl's ``Metric.append`` does for each value (``verl/utils/metric/utils.py``)."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def append(self, value: Any) -> None:
+        if isinstance(value, VerlMetric):
+            self.values.extend(value.values)
+            return
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError("only scalar tensors can be converted to float")
+            value = value.detach().item()
+        if not isinstance(value, (int, float, torch.Tensor)):
+            raise ValueError(f"unsupported value type {type(value)}")
+        self.values.append(value)
+
+
+def tensor_paths(n: int) -> list[Path]:
+    gen = torch.Generator().manual_seed(1)
+    scalars = [(NAMES[i % 8], torch.randn((), generator=gen)) for i in range(n)]
+
+    def ours_scalar() -> dict[str, float]:
+        m = ms.Metrics()
+        record = m.record
+        for k, t in scalars:
+            record(k, t)
+        return m.compute()
+
+    def twin_scalar() -> dict[str, float]:
+        d: defaultdict[str, list[float]] = defaultdict(list)
+        for k, t in scalars:
+            d[k].append(t.item())
+        return {k: float(np.mean(vs)) for k, vs in d.items()}
+
+    # 8 ints per record; each name always gets the same 8 (so every side's answer is exact)
+    ints = {k: torch.randint(16, 4097, (8,), generator=gen, dtype=torch.int64) for k in NAMES}
+    int_lists = {k: t.tolist() for k, t in ints.items()}
+    int_records = [(NAMES[i % 8], ints[NAMES[i % 8]]) for i in range(n)]
+    list_records = [(NAMES[i % 8], int_lists[NAMES[i % 8]]) for i in range(n)]
+    samples = {k: np.tile(np.asarray(v, dtype=np.float64), n // 8) for k, v in int_lists.items()}
+
+    def ours_ints(records: list[tuple[str, Any]]) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            m = ms.Metrics({"actor/*": QUANTILE_SPEC})
+            record = m.record
+            for k, v in records:
+                record(k, v)
+            return m.compute()
+
+        return run
+
+    def reduce_ints(d: dict[str, list[int]]) -> dict[str, float]:
+        out = {}
+        for k, vs in d.items():
+            a = np.asarray(vs, dtype=np.float64)
+            p50, p99 = np.percentile(a, [50, 99])
+            out |= {f"{k}/mean": float(a.mean()), f"{k}/p50": float(p50), f"{k}/p99": float(p99)}
+        return out
+
+    def twin_int_tensor() -> dict[str, float]:
+        d: defaultdict[str, list[int]] = defaultdict(list)
+        for k, t in int_records:
+            d[k].extend(t.tolist())
+        return reduce_ints(d)
+
+    def twin_int_list() -> dict[str, float]:
+        d: defaultdict[str, list[int]] = defaultdict(list)
+        for k, v in list_records:
+            d[k].extend(v)
+        return reduce_ints(d)
+
+    return [
+        Path("0-d CPU tensor", ".item() + append", ours_scalar, twin_scalar, n, 3.0, close()),
+        Path(
+            "8 ints (int64 tensor) -> mean,p50,p99",
+            ".tolist() + extend + numpy",
+            ours_ints(int_records),
+            twin_int_tensor,
+            n,
+            3.0,
+            quantile_check(samples),
+        ),
+        Path(
+            "8 ints (list) -> mean,p50,p99",
+            "extend + numpy",
+            ours_ints(list_records),
+            twin_int_list,
+            n,
+            3.0,
+            quantile_check(samples),
+        ),
+    ]
+
+
+def array_paths(n_arrays: int, n_masked: int) -> list[Path]:
+    rng = np.random.default_rng(2)
+    arrays = {k: rng.normal(size=64) for k in NAMES}
+    array_records = [(NAMES[i % 8], arrays[NAMES[i % 8]]) for i in range(n_arrays)]
+
+    def ours_array() -> dict[str, float]:
+        m = ms.Metrics()
+        record = m.record
+        for k, a in array_records:
+            record(k, a)
+        return m.compute()
+
+    def twin_array() -> dict[str, float]:
+        d: defaultdict[str, list[Any]] = defaultdict(list)
+        for k, a in array_records:
+            d[k].extend(a)
+        return {k: float(np.mean(vs)) for k, vs in d.items()}
+
+    gen = torch.Generator().manual_seed(3)
+    masked = {}
+    for k in NAMES:
+        lengths = torch.randint(16, 257, (4,), generator=gen)
+        mask = torch.arange(256).unsqueeze(0) < lengths.unsqueeze(1)
+        masked[k] = (torch.randn(4, 256, generator=gen), mask)
+    masked_records = [(NAMES[i % 8], *masked[NAMES[i % 8]]) for i in range(n_masked)]
+
+    def ours_masked() -> dict[str, float]:
+        m = ms.Metrics()
+        record = m.record
+        for k, t, mask in masked_records:
+            record(k, t, mask=mask)
+        return m.compute()
+
+    def twin_masked() -> dict[str, float]:
+        d: defaultdict[str, list[float]] = defaultdict(list)
+        for k, t, mask in masked_records:
+            d[k].append(((t * mask).sum() / mask.sum()).item())
+        return {k: float(np.mean(vs)) for k, vs in d.items()}
+
+    return [
+        Path(
+            "numpy array of 64",
+            "list.extend + np.mean",
+            ours_array,
+            twin_array,
+            n_arrays,
+            3.0,
+            close(),
+        ),
+        Path(
+            "masked (4, 256) tensor",
+            "(t*m).sum()/m.sum() + .item()",
+            ours_masked,
+            twin_masked,
+            n_masked,
+            1.5,
+            close(1e-6),  # float32 sums on the twin's side
+        ),
+    ]
+
+
+def big_masked_path(n_elements: int) -> Path:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n_elements, generator=gen, dtype=torch.float32)
     mask = torch.rand(n_elements, generator=gen) < 0.7
     spec = ms.Spec(("mean", "sum", "count", "min", "max"))
 
-    def torch_own() -> object:
+    def twin() -> dict[str, float]:
         kept = torch.where(mask, x, 0.0)
         total = kept.sum(dtype=torch.float64)
         count = mask.sum()
         lo = torch.where(mask, x, float("inf")).min()
         hi = torch.where(mask, x, float("-inf")).max()
-        return [float(v) for v in torch.stack([total, count.double(), lo.double(), hi.double()])]
+        t, c, mn, mx = torch.stack([total, count.double(), lo.double(), hi.double()]).tolist()
+        return {"e/mean": t / c, "e/sum": t, "e/count": c, "e/min": mn, "e/max": mx}
 
-    def metricsync() -> object:
-        m = ms.Metrics({"actor/entropy": spec})
-        m.record("actor/entropy", x, mask=mask)
+    def ours() -> dict[str, float]:
+        m = ms.Metrics({"e": spec})
+        m.record("e", x, mask=mask)
         return m.compute()
 
-    total, count, lo, hi = torch_own()  # type: ignore[misc]
-    got = metricsync()
-    assert isinstance(got, dict)
-    assert got["actor/entropy/count"] == count
-    assert abs(got["actor/entropy/sum"] - total) <= 1e-6 * max(1.0, abs(total))
-    assert got["actor/entropy/min"] == lo and got["actor/entropy/max"] == hi
-    return best_of({"torch": torch_own, "metricsync": metricsync}, repeats)
+    label = f"masked {n_elements:,}-element tensor"
+    return Path(label, "torch's own masked reductions", ours, twin, 1, 3.0, close(1e-6))
+
+
+# --- timing and report ---------------------------------------------------------
+
+
+def interleaved_medians(path: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of each side, run alternately (the order flips every repeat)."""
+    times: dict[str, list[float]] = {"ours": [], "twin": []}
+    sides = {"ours": path.ours, "twin": path.twin}
+    for r in range(repeats):
+        for side in ("ours", "twin") if r % 2 == 0 else ("twin", "ours"):
+            gc.collect()
+            start = time.perf_counter()
+            sides[side]()
+            times[side].append(time.perf_counter() - start)
+    return statistics.median(times["ours"]), statistics.median(times["twin"])
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.2f} us"
+    return f"{seconds * 1e9:.0f} ns"
+
+
+def device_op_counts() -> dict[str, int]:
+    """aten ops of one steady-state ``record()`` on the meta device, per tensor path."""
+    meta = torch.device("meta")
+    m = ms.Metrics(
+        {"e": ms.Spec("mean"), "a": ms.Spec(("mean", "max", "min")), "len": QUANTILE_SPEC}
+    )
+    t = torch.zeros(4, 256, device=meta)
+    mask = torch.zeros(4, 256, dtype=torch.bool, device=meta)
+    scalar = torch.zeros((), device=meta)
+    ints = torch.zeros(8, dtype=torch.int64, device=meta)
+    cases: dict[str, Callable[[], None]] = {  # inputs made outside the counted block
+        "0-d tensor (mean)": lambda: m.record("s", scalar),
+        "masked (4, 256) tensor, mean": lambda: m.record("e", t, mask=mask),
+        "masked (4, 256) tensor, (mean, max, min)": lambda: m.record("a", t, mask=mask),
+        "8 ints (int64 tensor), (mean, p50, p99)": lambda: m.record("len", ints),
+    }
+    out = {}
+    for label, fn in cases.items():
+        fn()
+        with count_device_ops() as ops:
+            fn()
+        out[label] = ops.total()
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--names", type=int, default=20)
-    parser.add_argument("--elements", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved repeats (default 9)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the records per row (default 1)"
+    )
+    parser.add_argument("--elements", type=int, default=1_000_000, help="the big masked tensor")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    f = bench_floats(args.records, args.names, args.repeats)
-    per = 1e9 / args.records
-    print(f"float records: {args.records:,} over {args.names} names, final compute included")
-    print(f"  dict[list].append + np.mean : {f['dict']:.3f} s  ({f['dict'] * per:.0f} ns/record)")
-    print(f"  verl-style Metric.append    : {f['verl']:.3f} s  ({f['verl'] * per:.0f} ns/record)")
-    print(
-        f"  metricsync Metrics.record   : {f['metricsync']:.3f} s  "
-        f"({f['metricsync'] * per:.0f} ns/record)"
-    )
-    print(f"  metricsync / dict  = {f['metricsync'] / f['dict']:.2f}x  (target <= 3x)")
-    print(f"  verl / metricsync  = {f['verl'] / f['metricsync']:.2f}x faster  (target >= 2x)")
+    def n(base: int) -> int:
+        return max(8, int(base * args.scale) // 8 * 8)
 
-    t = bench_masked(args.elements, args.repeats)
-    print(f"masked float32 tensor: {args.elements:,} elements, bool mask, 1 torch thread")
-    print(f"  torch masked sum/count/min/max : {t['torch'] * 1e3:.2f} ms")
-    print(f"  metricsync record + compute    : {t['metricsync'] * 1e3:.2f} ms")
-    print(f"  metricsync / torch = {t['metricsync'] / t['torch']:.2f}x  (target <= 3x)")
+    paths = (
+        float_paths(n(20_000))
+        + tensor_paths(n(400))
+        + array_paths(n(2_000), n(400))
+        + [big_masked_path(args.elements)]
+    )
+    print(f"median of {args.repeats} interleaved repeats; per record, final compute() included")
+    head = f"{'path':<40} {'records':>7} {'metricsync':>11} {'twin':>11} {'ratio':>7}  target  twin"
+    print(head)
+    for path in paths:
+        path.check(path.ours(), path.twin())
+        ours, twin = interleaved_medians(path, args.repeats)
+        ratio = ours / twin
+        if path.target is None:
+            verdict = f"{twin / ours:.2f}x faster" if ratio < 1 else "slower"
+        else:
+            verdict = f"<={path.target:g}x {'met' if ratio <= path.target else 'MISSED'}"
+        print(
+            f"{path.label:<40} {path.records:>7,} {fmt_time(ours / path.records):>11}"
+            f" {fmt_time(twin / path.records):>11} {ratio:>6.2f}x  {verdict:<13} {path.twin_label}",
+            flush=True,
+        )
+    print()
+    print("aten ops per record() of a device tensor, counted on the meta device")
+    print("(budgets: 0-d <= 2, masked mean <= 8, (mean, max, min) <= 12, quantile <= 12)")
+    for label, count in device_op_counts().items():
+        print(f"  {label:<42} {count:>4}")
 
 
 if __name__ == "__main__":

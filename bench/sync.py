@@ -4,12 +4,17 @@ Run: .venv/bin/python bench/sync.py [--repeats R] [--worlds 2 4] [--metrics 100 
 
 Each configuration runs in its own set of local gloo processes (127.0.0.1);
 every approach is timed in the same processes, so the ratios compare like with
-like. See metricsync/benchmark.py for what each approach does.
+like: metricsync's sync + compute, OLMo-core's ``reduce_metrics`` (replicated),
+the floor (metricsync's own collectives on buffers packed in advance),
+``all_gather_object`` and one ``all_reduce`` per metric; then syncs whose
+layout changed, and bytes per sync and per quantile metric. See
+``metricsync/_benchmark.py`` for what each approach does.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from metricsync._benchmark import format_rows, run
 
@@ -23,8 +28,16 @@ def main() -> None:
     rows = []
     for world in args.worlds:
         for k in args.metrics:
-            rows += run(world_size=world, metrics=k, repeats=args.repeats)
-            print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+            row = run(
+                world_size=world, metrics=k, repeats=args.repeats, progress=sys.stderr.isatty()
+            )[0]
+            rows += [row]
+            print(
+                f"{world} ranks, K={k:,}: sync+compute {row['t_metricsync'] * 1e3:.2f} ms,"
+                f" {row['t_metricsync'] / row['t_olmo_core']:.2f}x olmo_core,"
+                f" {row['t_metricsync'] / row['t_floor']:.2f}x the floor",
+                flush=True,
+            )
     print()
     print(format_rows(rows))
 

@@ -1,32 +1,54 @@
 """The sync benchmark behind ``metricsync bench`` and ``bench/sync.py``.
 
-For K metrics (a mix of mean, sum, max and std) on N gloo ranks, it times in
-one run, in the same processes:
+For K metrics (a mix of mean, sum, max and std, 4 records each per rank) on
+N gloo ranks, it times in one run, in the same processes, interleaved (each
+repeat runs every approach once, in a rotating order), the slowest rank's
+median over the repeats:
 
-- ``metricsync``: ``Metrics.sync()`` in steady state;
+- ``metricsync``: ``Metrics.sync()`` then ``compute()`` in steady state (the
+  layout already agreed), and ``sync()`` alone;
+- ``olmo_core``: OLMo-core's ``reduce_metrics``, replicated: each rank's
+  metrics as 0-d tensors (its local reductions, made in advance), split by
+  reduce type, packed, one SUM and one MAX collective, unpacked into a dict.
+  OLMo-core has no std, so the std quarter goes as plain means: the
+  contender does less than metricsync (and its means are means of rank
+  means);
+- ``floor``: the collectives metricsync's steady sync makes (same kinds,
+  same sizes, recorded with :func:`metricsync.testing.count_collectives`),
+  on buffers packed in advance: the cost of the bytes alone;
 - ``gather_object``: ``all_gather_object`` of each rank's ``dict[str, list]``,
-  then a merge on every rank (the pattern verl uses today);
-- ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style);
-- ``floor``: the raw ``all_reduce`` calls metricsync makes, on pre-packed
-  float64 buffers of the same sizes.
+  then a merge and numpy on every rank (the pattern verl uses today);
+- ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style),
+  timed on at most 1,000 metrics and scaled to K (its cost is linear in K);
+- ``changed``: a sync (plus ``compute()``) right after the odd ranks added a
+  name, so the layout differs from the agreed one; interleaved with a steady
+  sync at the same K.
 
-It prints seconds per sync, bytes each rank sends per sync, and ratios.
+It also counts the payload bytes each rank hands to the collectives per
+steady sync, and the bytes per quantile metric: the marginal bytes of one
+more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy).
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
->>> sorted(row)[:3]
-['K', 'bytes_floor', 'bytes_gather_object']
+>>> row["collectives_metricsync"] <= 3, row["t_metricsync"] > 0
+(True, True)
 """
 
 from __future__ import annotations
 
+import math
 import pickle
+import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "run"]
+from ._baselines import OLMO_KIND, olmo_core_reduce
+
+__all__ = ["format_rows", "main", "run"]
 
 _KINDS = ("mean", "sum", "max", "std")
 _RECORDS_PER_METRIC = 4
@@ -38,29 +60,98 @@ def _specs(k: int) -> dict[str, Any]:
     return {f"m{i:05d}": ms.Spec(_KINDS[i % len(_KINDS)]) for i in range(k)}
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> float:
+def _interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    every: dict[str, int] | None = None,
+    tick: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """The slowest rank's median seconds per call of each function, run interleaved.
+
+    Every rank calls them together: repeat ``r`` runs each function once (those
+    in ``every`` only on every n-th repeat), in an order rotated by ``r``, each
+    call after a barrier. Each function runs once first, untimed.
+    """
     import torch
     import torch.distributed as dist
 
-    fn()  # warm-up (and, for metricsync, the one-time layout agreement)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    every = every or {}
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if r % every.get(name, 1):
+                continue
+            dist.barrier()
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+        if tick is not None:
+            tick(f"repeat {r + 1}")
+    out = {}
+    for name in names:
+        per_call = torch.tensor(times[name], dtype=torch.float64)
+        dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+        out[name] = float(statistics.median(per_call.tolist()))
+    return out
 
 
-def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]:
+@contextmanager
+def _progress(enabled: bool, total: int, desc: str) -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr when ``enabled`` and tqdm is installed; otherwise silent."""
+    bar: Any = None
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        except ImportError:
+            bar = None
+
+    def step(what: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(what, refresh=False)
+            bar.update(1)
+
+    try:
+        yield step
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _quantile_bytes(rank: int) -> tuple[float, float]:
+    """Payload bytes of a steady sync holding 10 and 20 quantile metrics spanning 16-4,096."""
+    import metricsync as ms
+    from metricsync.testing import count_collectives
+
+    rng = np.random.default_rng(100 + rank)
+    sizes = []
+    for q in (10, 20):
+        m = ms.Metrics({"len/*": ms.Spec(("mean", "p50", "p99"))})
+        for i in range(q):
+            m.record(f"len/{i}", rng.integers(16, 4097, size=1000))
+        m.sync()  # the layout agreement
+        with count_collectives() as seen:
+            m.sync().compute()
+        sizes.append(seen.bytes)
+    return float(sizes[0]), float(sizes[1])
+
+
+def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
     import metricsync as ms
+    from metricsync.testing import count_collectives
 
     rng = np.random.default_rng(rank)
     specs = _specs(k)
     names = list(specs)
+    kinds = {name: specs[name].reduce[0] for name in names}
     values = rng.normal(size=(k, _RECORDS_PER_METRIC))
     metrics = ms.Metrics(specs)
     lists: dict[str, list[float]] = {}
@@ -70,27 +161,58 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]
         lists[name] = row.tolist()
 
     def ours() -> object:
-        return metrics.sync()
+        return metrics.sync().compute()
 
-    def gather_object() -> object:
+    # The floor: metricsync's own steady collectives, on buffers packed in advance.
+    metrics.sync()
+    with count_collectives() as steady:
+        metrics.sync()
+    buffers = [
+        (fname, torch.from_numpy(rng.normal(size=max(1, size // 8)))) for fname, size in steady.log
+    ]
+
+    def floor() -> object:
+        for fname, buf in buffers:
+            if fname == "all_gather":
+                dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
+            else:
+                dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+        return None
+
+    local: dict[str, Callable[[np.ndarray], Any]] = {
+        "mean": np.mean,
+        "sum": np.sum,
+        "max": np.max,
+        "std": np.std,
+    }
+    olmo_metrics = {
+        0: {
+            name: torch.tensor(float(local[kinds[name]](row)), dtype=torch.float32)
+            for name, row in zip(names, values)
+        }
+    }
+    olmo_types = {name: OLMO_KIND[kinds[name]] for name in names}
+    assert len(olmo_core_reduce(olmo_metrics, olmo_types)[0]) == k
+
+    def gather_object() -> dict[str, Any]:
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, lists)
         merged: dict[str, list[float]] = {}
         for part in gathered:
             for name, vals in part.items():
                 merged.setdefault(name, []).extend(vals)
-        reducers: dict[str, Callable[[np.ndarray], Any]] = {
-            "mean": np.mean,
-            "sum": np.sum,
-            "max": np.max,
-            "std": np.std,
-        }
-        return {
-            name: reducers[specs[name].reduce[0]](np.asarray(vals)) for name, vals in merged.items()
-        }
+        return {name: local[kinds[name]](np.asarray(vals)) for name, vals in merged.items()}
 
+    want = gather_object()  # the pooled samples of every rank, reduced by numpy
+    got = metrics.sync().compute()
+    assert got.keys() == want.keys()
+    assert all(math.isclose(got[n], float(want[n]), rel_tol=1e-9, abs_tol=1e-9) for n in want)
+
+    # One all_reduce per metric costs K collective latencies: timed on at most
+    # 1,000 metrics and scaled to K.
+    sample = min(k, 1000)
     per_metric_buffers = [
-        torch.tensor([row.sum(), float(len(row))], dtype=torch.float64) for row in values
+        torch.tensor([row.sum(), float(len(row))], dtype=torch.float64) for row in values[:sample]
     ]
 
     def per_metric() -> object:
@@ -98,63 +220,123 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int) -> dict[str, float]
             dist.all_reduce(buf.clone())
         return None
 
-    # The floor: the same collectives metricsync makes, on buffers packed in advance.
-    n_cols_max, n_cols_sum = 4, 7
-    check = torch.zeros(5, dtype=torch.int64)
-    max_buf = torch.from_numpy(rng.normal(size=k * n_cols_max))
-    sum_buf = torch.from_numpy(rng.normal(size=k * n_cols_sum))
+    # Changed layout: before each such sync the odd ranks add a name no rank had.
+    counter = iter(range(1_000_000))
 
-    def floor() -> object:
-        dist.all_reduce(check, op=dist.ReduceOp.MAX)
-        dist.all_reduce(max_buf, op=dist.ReduceOp.MAX)
-        dist.all_reduce(sum_buf)
-        return None
+    def changed() -> object:
+        if rank % 2 == 1:
+            metrics.record(f"new/{next(counter):06d}", 1.0)
+        return metrics.sync().compute()
 
-    per_metric_repeats = max(1, min(repeats, 2000 // max(k, 1)))
-    result = {
-        "K": float(k),
-        "world": float(world),
-        "t_metricsync": _timed(ours, repeats),
-        "t_floor": _timed(floor, repeats),
-        "t_gather_object": _timed(gather_object, max(1, repeats // 4)),
-        "t_per_metric": _timed(per_metric, per_metric_repeats),
-        "bytes_metricsync": float(8 * (5 + k * (n_cols_max + n_cols_sum))),
-        "bytes_floor": float(8 * (5 + k * (n_cols_max + n_cols_sum))),
-        "bytes_gather_object": float(len(pickle.dumps(lists)) * (world - 1)),
-        "bytes_per_metric": float(16 * k),
-    }
-    assert metrics.sync().compute().keys() == metrics.compute().keys()
+    changed_repeats = max(3, min(repeats, 30_000 // max(k, 1)))
+    per_metric_repeats = max(3, min(repeats, 2000 // sample))
+    steps = repeats + per_metric_repeats + changed_repeats + 1
+    result: dict[str, float] = {"K": float(k), "world": float(world)}
+    with _progress(progress and rank == 0, steps, f"{world} ranks, K={k:,}") as tick:
+        t = _interleaved(
+            {
+                "metricsync": ours,
+                "sync_only": metrics.sync,
+                "floor": floor,
+                "olmo_core": lambda: olmo_core_reduce(olmo_metrics, olmo_types),
+                "gather_object": gather_object,
+            },
+            repeats,
+            every={"gather_object": 4},
+            tick=tick,
+        )
+        result |= {f"t_{name}": v for name, v in t.items()}
+        t_sample = _interleaved({"per_metric": per_metric}, per_metric_repeats, tick=tick)
+        result["t_per_metric"] = t_sample["per_metric"] * k / sample
+        # each changed sync is unique: its untimed first call is one more change
+        t = _interleaved({"changed": changed, "steady_again": ours}, changed_repeats, tick=tick)
+        result |= {f"t_{name}": v for name, v in t.items()}
+        result["bytes_metricsync"] = float(steady.bytes)
+        result["collectives_metricsync"] = float(steady.total)
+        result["bytes_floor"] = float(sum(8 * b.numel() for _, b in buffers))
+        result["bytes_gather_object"] = float(len(pickle.dumps(lists)))
+        result["bytes_per_metric"] = float(16 * k)
+        if rank % 2 == 1:
+            metrics.record(f"new/{next(counter):06d}", 1.0)
+        with count_collectives() as seen:
+            metrics.sync()
+        result["bytes_changed"] = float(seen.bytes)
+        result["collectives_changed"] = float(seen.total)
+        q10, q20 = _quantile_bytes(rank)
+        result["bytes_quantile_marginal"] = (q20 - q10) / 10
+        result["bytes_quantile_mean"] = q20 / 20
+        tick("bytes")
     return result
 
 
-def run(world_size: int = 2, metrics: int = 1000, repeats: int = 20) -> list[dict[str, float]]:
+def run(
+    world_size: int = 2, metrics: int = 1000, repeats: int = 20, progress: bool = False
+) -> list[dict[str, float]]:
     """Run the benchmark on ``world_size`` local gloo ranks; one result row (from rank 0)."""
     from .testing import run_distributed
 
-    rows = run_distributed(_bench_rank, world_size, args=(metrics, repeats), timeout=600)
+    rows = run_distributed(_bench_rank, world_size, args=(metrics, repeats, progress), timeout=900)
     return [rows[0]]
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}ms"
+
+
 def format_rows(rows: list[dict[str, float]]) -> str:
-    """A table of times, bytes and ratios."""
-    head = (
-        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'floor':>9} {'gather_obj':>11} {'per_metric':>11}"
-        f" {'vs floor':>9} {'gather/ours':>12} {'per-metric/ours':>16} {'bytes ours':>11} {'bytes gather':>13}"
-    )
-    lines = [head]
+    """Three tables: times and ratios, changed layouts, bytes."""
+    lines = [
+        "sync + compute per call (slowest rank, median); targets: <= 0.7x olmo_core, "
+        "<= 1.3x the floor at K=10k on 4 ranks",
+        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'sync only':>10} {'olmo_core':>10}"
+        f" {'floor':>9} {'gather_obj':>11} {'per_metric':>11} {'vs olmo':>8} {'vs floor':>9}"
+        f" {'gather/ours':>11} {'per-metric/ours':>15}",
+    ]
     for r in rows:
         ours = r["t_metricsync"]
         lines.append(
-            f"{int(r['world']):>5} {int(r['K']):>6} {ours * 1e3:>9.2f}ms {r['t_floor'] * 1e3:>7.2f}ms"
-            f" {r['t_gather_object'] * 1e3:>9.2f}ms {r['t_per_metric'] * 1e3:>9.1f}ms"
-            f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>11.1f}x"
-            f" {r['t_per_metric'] / ours:>15.1f}x {int(r['bytes_metricsync']):>11,} {int(r['bytes_gather_object']):>13,}"
+            f"{int(r['world']):>5} {int(r['K']):>6} {_ms(ours):>11} {_ms(r['t_sync_only']):>10}"
+            f" {_ms(r['t_olmo_core']):>10} {_ms(r['t_floor']):>9} {_ms(r['t_gather_object']):>11}"
+            f" {_ms(r['t_per_metric']):>11} {ours / r['t_olmo_core']:>7.2f}x"
+            f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>10.1f}x"
+            f" {r['t_per_metric'] / ours:>14.1f}x"
+        )
+    lines += [
+        "",
+        "changed layout (odd ranks add a name before each sync) against a steady sync; target <= 3x",
+        f"{'ranks':>5} {'K':>6} {'changed':>10} {'steady':>10} {'ratio':>7}"
+        f" {'collectives':>11} {'bytes changed':>14} {'bytes steady':>13}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{int(r['world']):>5} {int(r['K']):>6} {_ms(r['t_changed']):>10}"
+            f" {_ms(r['t_steady_again']):>10} {r['t_changed'] / r['t_steady_again']:>6.1f}x"
+            f" {int(r['collectives_changed']):>5} vs {int(r['collectives_metricsync'])}"
+            f" {int(r['bytes_changed']):>14,} {int(r['bytes_metricsync']):>13,}"
+        )
+    lines += [
+        "",
+        "payload bytes each rank hands to the collectives per steady sync; per quantile metric "
+        "(16-4,096, 1%): target <= 4 KB",
+        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'per metric':>10} {'gather_obj':>11}"
+        f" {'per quantile metric':>20}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{int(r['world']):>5} {int(r['K']):>6} {int(r['bytes_metricsync']):>11,}"
+            f" {r['bytes_metricsync'] / r['K']:>10.1f} {int(r['bytes_gather_object']):>11,}"
+            f" {int(r['bytes_quantile_marginal']):>20,}"
         )
     return "\n".join(lines)
 
 
 def main(world_size: int = 2, metrics: int = 1000, repeats: int = 20) -> int:
-    """Entry point of ``metricsync bench``: print the table for one configuration."""
-    rows = run(world_size=world_size, metrics=metrics, repeats=repeats)
+    """Entry point of ``metricsync bench``: print the tables for one configuration.
+
+    A progress bar shows on stderr when it is a terminal and tqdm is installed.
+    """
+    rows = run(
+        world_size=world_size, metrics=metrics, repeats=repeats, progress=sys.stderr.isatty()
+    )
     print(format_rows(rows))
     return 0

@@ -6,25 +6,41 @@ world_size, *args)`` and returns every rank's result. A failure in any rank
 fails the call; a rank that hangs past ``timeout`` is killed. Teardown always
 happens.
 
+:func:`count_device_ops` counts the aten ops that code dispatches on the
+tensors of one device (the ``meta`` device by default), and
+:func:`count_collectives` the ``torch.distributed`` collectives it calls and
+the bytes it hands them: counts and sizes, which tests can assert on a noisy
+machine where timings cannot be.
+
 >>> run_distributed(_doctest_rank, world_size=2)
 [0, 2]
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["RankFailure", "format_example", "free_port", "run_distributed"]
+__all__ = [
+    "CollectiveCounts",
+    "RankFailure",
+    "count_collectives",
+    "count_device_ops",
+    "format_example",
+    "free_port",
+    "run_distributed",
+]
 
 
 def free_port() -> int:
@@ -146,6 +162,178 @@ def run_distributed(
     return out
 
 
+@contextlib.contextmanager
+def count_device_ops(device: Any = "meta") -> Iterator[collections.Counter[str]]:
+    """Count the aten ops dispatched inside the block on tensors of ``device``, by op name.
+
+    Yields a :class:`collections.Counter` that fills as the block runs:
+    ``"aten.add"`` -> number of dispatches (``ops.total()`` is the sum). An op
+    counts when one of its tensor inputs or outputs lives on ``device``
+    (``"cuda"`` matches every CUDA device, ``"cuda:1"`` only that one), so
+    factory ops such as ``aten.full(..., device=device)`` count and host-side
+    work on CPU tensors does not (unless ``device="cpu"``). It is built on
+    ``torch.utils._python_dispatch.TorchDispatchMode``, so it sees the ops
+    below autograd: a ``detach`` is one op, a Python-level ``torch.stack`` of
+    views is each view plus the stack.
+
+    On a GPU each counted op is (at least) one kernel launch, which costs
+    several microseconds of CPU time however small the tensor. On the
+    ``meta`` device ops only compute shapes, so counting there measures what
+    code would launch without needing a GPU. The ``meta`` device holds no
+    data: any read of it (``.item()``, ``.tolist()``, ``.cpu()``,
+    ``.numpy()``, ``float(t)``, a ``bool`` of a comparison) raises, so code
+    that completes on ``meta`` tensors provably never read the device.
+
+    >>> import torch
+    >>> x = torch.ones(4, 256, device="meta")
+    >>> with count_device_ops() as ops:
+    ...     y = (x * 2.0).sum()
+    >>> dict(ops), ops.total()
+    ({'aten.mul': 1, 'aten.sum': 1}, 2)
+    >>> with count_device_ops():
+    ...     y.item()
+    Traceback (most recent call last):
+    ...
+    RuntimeError: Tensor.item() cannot be called on meta tensors
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    want = torch.device(device)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def on_device(obj: object) -> bool:
+        if not isinstance(obj, torch.Tensor):
+            return False
+        got = obj.device
+        return got.type == want.type and (want.index is None or got.index == want.index)
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if any(on_device(leaf) for leaf in tree_leaves((args, kwargs, out))):
+                counts[str(func.overloadpacket)] += 1
+            return out
+
+    with _Counter():
+        yield counts
+
+
+# function name -> (position, keyword) of what this rank contributes; None: nothing
+_TENSOR_COLLECTIVES: dict[str, tuple[int, str] | None] = {
+    "all_reduce": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_into_tensor": (1, "input_tensor"),
+    "reduce_scatter_tensor": (1, "input"),
+    "all_to_all_single": (1, "input"),
+    "gather": (0, "tensor"),
+    "scatter": (0, "tensor"),
+    "reduce_scatter": (1, "input_list"),
+    "all_to_all": (1, "input_tensor_list"),
+    "barrier": None,
+}
+_OBJECT_COLLECTIVES: dict[str, tuple[int, str] | None] = {  # pickled: one object, or a list
+    "all_gather_object": (1, "obj"),
+    "gather_object": (0, "obj"),
+    "broadcast_object_list": (0, "object_list"),
+    "scatter_object_list": (1, "scatter_object_input_list"),
+}
+
+
+@dataclass
+class CollectiveCounts:
+    """What :func:`count_collectives` saw: calls by function name, and payload bytes.
+
+    ``bytes`` adds up, per call, the size of what this rank handed to the
+    collective: the tensor (or the tensors of a list) it contributes, or the
+    pickle of the object for the ``*_object*`` functions. It is the payload,
+    not the wire traffic, which depends on the backend's algorithm (a ring
+    all-reduce moves about twice the payload per rank). ``log`` lists every
+    call in order as ``(function name, payload bytes)``.
+    """
+
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    bytes: int = 0
+    log: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """The number of collective calls."""
+        return sum(self.calls.values())
+
+
+def _payload_bytes(obj: Any) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return int(obj.numel() * obj.element_size())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(item) for item in obj)
+    return 0
+
+
+@contextlib.contextmanager
+def count_collectives() -> Iterator[CollectiveCounts]:
+    """Count the ``torch.distributed`` collectives called inside the block, and their bytes.
+
+    Wraps the collective functions of the ``torch.distributed`` namespace for
+    the duration of the block (and restores them after), so it sees code that
+    calls ``dist.all_reduce(...)`` through the module, as metricsync does; a
+    name imported before the block (``from torch.distributed import
+    all_reduce``) is not seen. Nested calls (``all_gather_object`` uses
+    ``all_gather`` inside) count once, as the outer call.
+
+    >>> run_distributed(_doctest_collectives, world_size=2)
+    [[('all_reduce', 80), ('barrier', 0)], [('all_reduce', 80), ('barrier', 0)]]
+    """
+    import torch.distributed as dist
+
+    counts = CollectiveCounts()
+    originals: dict[str, Any] = {}
+
+    def wrap(name: str, where: tuple[int, str] | None, pickled: bool) -> Callable[..., Any]:
+        original = originals[name]
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            size = 0
+            if where is not None:
+                position, keyword = where
+                payload = args[position] if len(args) > position else kwargs.get(keyword)
+                if pickled:
+                    items = payload if name.endswith("_list") else [payload]
+                    size = sum(len(pickle.dumps(item)) for item in items or [])
+                else:
+                    size = _payload_bytes(payload)
+            counts.calls[name] += 1
+            counts.bytes += size
+            counts.log.append((name, size))
+            return original(*args, **kwargs)
+
+        return counted
+
+    table = [(n, w, False) for n, w in _TENSOR_COLLECTIVES.items()]
+    table += [(n, w, True) for n, w in _OBJECT_COLLECTIVES.items()]
+    try:
+        for name, where, pickled in table:
+            if hasattr(dist, name):
+                originals[name] = getattr(dist, name)
+                setattr(dist, name, wrap(name, where, pickled))
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
 def format_example() -> Any:
     """A ``Metrics`` that uses every part of the binary format, for codec tests and fuzzing.
 
@@ -190,3 +378,14 @@ def _doctest_rank(rank: int, world_size: int) -> int:
     t = torch.tensor([float(rank)])
     dist.all_reduce(t)
     return int(t.item()) * rank * 2
+
+
+def _doctest_collectives(rank: int, world_size: int) -> list[tuple[str, int]]:
+    import torch
+    import torch.distributed as dist
+
+    with count_collectives() as seen:
+        dist.all_reduce(torch.zeros(10, dtype=torch.float64))
+        dist.barrier()
+    assert seen.total == 2 and seen.bytes == 80
+    return seen.log

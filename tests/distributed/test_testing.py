@@ -42,3 +42,37 @@ def test_a_dead_or_failing_rank_is_reported_without_waiting_for_the_timeout() ->
     assert results[0] == "ok"
     assert isinstance(results[1], RankFailure) and results[1].exitcode == 3
     assert isinstance(results[2], RankFailure) and "boom on rank 2" in str(results[2].traceback)
+
+
+def _collectives(rank: int, world: int) -> tuple[int, int, list[tuple[str, int]], bool]:
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    from metricsync.testing import count_collectives
+
+    original = dist.all_reduce
+    obj = {"loss": [1.0, 2.0], "rank": rank}
+    with count_collectives() as seen:
+        dist.all_reduce(torch.ones(10, dtype=torch.float64))
+        dist.all_gather([torch.empty(3) for _ in range(world)], torch.ones(3))
+        out: list[object] = [None] * world
+        dist.all_gather_object(out, obj)  # all_gather inside: counted once, as this call
+        dist.barrier()
+    restored = dist.all_reduce is original
+    return seen.total, seen.bytes - len(pickle.dumps(obj)), seen.log, restored
+
+
+def test_count_collectives_counts_calls_and_payload_bytes() -> None:
+    for total, tensor_bytes, log, restored in run_distributed(_collectives, 2):
+        assert total == 4
+        assert tensor_bytes == 80 + 12
+        assert [name for name, _ in log] == [
+            "all_reduce",
+            "all_gather",
+            "all_gather_object",
+            "barrier",
+        ]
+        assert log[0] == ("all_reduce", 80) and log[1] == ("all_gather", 12)
+        assert restored
