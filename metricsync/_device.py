@@ -41,7 +41,7 @@ from ._spec import Spec
 __all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
 
 _F64 = torch.float64
-_START, _LIMIT = 1 << 13, 1 << 20  # buffer elements: first size, and the bound it doubles to
+_START, _LIMIT = 1 << 16, 1 << 21  # buffer elements: first size, and the bound it doubles to
 _PLAIN, _WEIGHT, _MASK = 0, 1, 2  # what a record's weights are, and what to check of them
 
 #: ``(slots, cols, sketches, bad)`` of one device on the host: state columns

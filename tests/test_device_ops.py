@@ -21,7 +21,6 @@ from metricsync.testing import count_device_ops  # noqa: E402
 
 META = torch.device("meta")
 REPEATS = 50  # records counted per path; the per-record figure is the mean (folds amortized)
-PENDING = pytest.mark.xfail(strict=True, reason="device pending buffer lands with the core rewrite")
 
 
 # --- the counter itself, against ops written out by hand ---------------------
@@ -124,21 +123,17 @@ def test_recording_on_meta_never_reads_the_device(path: str) -> None:
     assert ops_per_record(path) > 0
 
 
-@PENDING
 def test_budget_0d_record() -> None:
     assert ops_per_record("0-d") <= 2
 
 
-@PENDING
 def test_budget_masked_tensor_of_a_mean_spec() -> None:
     assert ops_per_record("masked mean") <= 8
 
 
-@PENDING
 def test_budget_masked_tensor_into_mean_max_min() -> None:
     assert ops_per_record("masked (mean, max, min)") <= 12
 
 
-@PENDING
 def test_budget_int_tensor_into_a_quantile_metric() -> None:
     assert ops_per_record("int tensor into a quantile") <= 12
