@@ -166,7 +166,7 @@ def run_distributed(
 def count_device_ops(device: Any = "meta") -> Iterator[collections.Counter[str]]:
     """Count the aten ops dispatched inside the block on tensors of ``device``, by op name.
 
-    Yields a :class:`collections.Counter` that fills as the block runs:
+    Yields a ``collections.Counter`` that fills as the block runs:
     ``"aten.add"`` -> number of dispatches (``ops.total()`` is the sum). An op
     counts when one of its tensor inputs or outputs lives on ``device``
     (``"cuda"`` matches every CUDA device, ``"cuda:1"`` only that one), so

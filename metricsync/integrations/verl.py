@@ -33,7 +33,7 @@ trainer runs, or construct it yourself. It does not import verl.
 ...     run_dir=tempfile.mkdtemp(), specs={"timing_s/*": ms.Spec(fmt=".3f")},
 ... )
 >>> tracking.log({"actor/pg_loss": 0.0123, "timing_s/gen": 12.5, "actor/lr": 1e-6}, step=1)
-step 1 | actor/pg_loss   0.0123  timing_s/gen   12.500  actor/lr 1.00e-06
+step 1 | actor/pg_loss   0.0123  actor/lr 1.00e-06  timing_s/gen   12.500
 >>> tracking.log({"actor/pg_loss": 0.02}, step=2, backend=["jsonl"])   # console skipped
 >>> tracking.finish()
 """

@@ -8,7 +8,7 @@ __all__ = ["MixedMetricError", "is_verl_metric", "refuse_verl_metric"]
 
 
 class MixedMetricError(ms.MetricsyncError, ValueError):
-    """verl's own ``Metric`` met :class:`Metric` in one call.
+    """verl's own ``Metric`` met this package's ``Metric`` in one call.
 
     verl's modules were not switched: call :func:`~metricsync.verl_compat.install`.
     """

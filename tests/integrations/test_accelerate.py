@@ -27,8 +27,6 @@ def _jsonl(path: object) -> list[dict[str, object]]:
 
 
 def test_log_with_an_instance_writes_through_metricsync(tmp_path: pytest.TempPathFactory) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     tracker = MetricsyncTracker("proj", backends=("jsonl", "tensorboard"), run_dir=tmp_path / "run")
     accelerator = Accelerator(cpu=True, log_with=tracker)
     accelerator.init_trackers("proj", config={"lr": 3e-4, "batch_size": 8})
@@ -52,9 +50,7 @@ def test_log_with_an_instance_writes_through_metricsync(tmp_path: pytest.TempPat
         (3, {"len/mean": 20.0, "len/max": 30.0}),
         (4, {"loss": 0.125}),
     ]
-    events = EventAccumulator(str(tmp_path / "run"))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5), (2, 0.25), (4, 0.125)]
+    assert _tb_scalars(str(tmp_path / "run"), "loss") == [(1, 0.5), (2, 0.25), (4, 0.125)]
 
 
 def test_log_with_the_registered_name(tmp_path: pytest.TempPathFactory) -> None:
@@ -72,3 +68,13 @@ def test_log_with_the_registered_name(tmp_path: pytest.TempPathFactory) -> None:
     accelerator.end_training()
     assert collect.rows == [(7, {"loss": 1.5}, {"loss": None})]
     assert not collect.closed  # a Tracker passed in belongs to the caller
+
+
+def _tb_scalars(run: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of a scalar metricsync's TensorBoard backend wrote (float64 tensor events)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(run)
+    events.Reload()
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors(key)]
