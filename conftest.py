@@ -17,7 +17,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent
 
-NEEDS_AT_IMPORT = {"metricsync/_device.py": "torch"}
+NEEDS_AT_IMPORT = {
+    "metricsync/_device.py": "torch",
+    "metricsync/_device_fold.py": "torch",
+    "metricsync/integrations/transformers.py": "transformers",
+    "metricsync/integrations/accelerate.py": "accelerate",
+    "metricsync/integrations/lightning.py": "lightning",
+    "tests/test_verl_single_controller.py": "torch",
+    "tests/test_verl_side_by_side.py": "torch",
+}
 """Modules that import an optional package at import time."""
 
 DOCTESTS_NEED = {

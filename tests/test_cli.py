@@ -368,6 +368,8 @@ BAD_LOGS = {
 def test_bad_logs_give_one_error_line_and_no_traceback(
     tmp_path: Path, name: str, command: str
 ) -> None:
+    if command == "plot":
+        pytest.importorskip("matplotlib")
     path = tmp_path / "bad.jsonl"
     path.write_bytes(BAD_LOGS[name])
     args = {

@@ -40,6 +40,7 @@ def _jsonl(path: Path) -> tuple[dict[str, object], list[tuple[int, dict[str, flo
 def test_console_jsonl_and_tensorboard_with_formats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("tensorboard")
     monkeypatch.setenv("COLUMNS", "400")  # one console line: this test is about formats
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     specs = {"timing_s/*": ms.Spec(fmt=".3f"), "perf/total_num_tokens": ms.Spec(fmt=",.0f")}
@@ -69,6 +70,7 @@ def test_console_jsonl_and_tensorboard_with_formats(
 def test_tensorboard_defaults_to_verls_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("tensorboard")
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     with Tracking("proj", "exp", "tensorboard") as tracking:
