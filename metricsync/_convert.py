@@ -60,7 +60,9 @@ def as_torch(value: object) -> Any:
 
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
     """``TypeError`` naming the metric for tensors metricsync cannot read as real samples."""
-    layout = str(t.layout)
+    torch = sys.modules["torch"]
+    if t.layout is torch.strided and not (t.is_complex() or t.is_quantized or t.is_nested):
+        return
     if t.is_complex():
         raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {t.dtype}")
     if getattr(t, "is_nested", False):
@@ -70,11 +72,10 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
         )
     if t.is_quantized:
         raise TypeError(f"metric {name!r}: a quantized {what} tensor; record t.dequantize()")
-    if layout != "torch.strided":
-        raise TypeError(
-            f"metric {name!r}: a {layout.removeprefix('torch.')} {what} tensor; "
-            "record t.to_dense() (or its values())"
-        )
+    layout = str(t.layout).removeprefix("torch.")
+    raise TypeError(
+        f"metric {name!r}: a {layout} {what} tensor; record t.to_dense() (or its values())"
+    )
 
 
 def _type_error(name: str, what: str, value: object) -> TypeError:
@@ -104,22 +105,22 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
 
 def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
     """A host (CPU) tensor as numpy: a zero-copy view where numpy knows the dtype."""
-    import torch
-
     check_tensor(name, t, what)
     if t.requires_grad:
         t = t.detach()
-    if t.dtype in (torch.bfloat16,) or (t.dtype.itemsize == 1 and t.is_floating_point()):
-        t = t.to(torch.float32)  # bfloat16 and float8 have no numpy dtype
-    arr: np.ndarray = t.resolve_conj().resolve_neg().numpy()
+    if t.dtype.itemsize < 4 and t.is_floating_point():  # float16/bfloat16/float8
+        t = t.float()  # no numpy dtype for most of them; float32 holds them all exactly
+    if t.is_neg():
+        t = t.resolve_neg()
+    arr: np.ndarray = t.numpy()
     return arr
 
 
 def host_values(name: str, value: object) -> np.ndarray:
-    """Flat float64 samples from a host value (a view where possible: the caller copies what
-    it keeps); ``TypeError`` naming the metric otherwise."""
+    """Flat real samples from a host value (a view where possible, in its own dtype: the
+    caller converts and copies what it keeps); ``TypeError`` naming the metric otherwise."""
     arr = _as_array(name, value, "a real number, array or tensor")
-    return np.asarray(arr, dtype=np.float64).reshape(-1)
+    return arr.reshape(-1)
 
 
 def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarray:
@@ -139,7 +140,7 @@ def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarra
 
 
 def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
-    """A flat float64 0/1 weight from a boolean (or 0/1 numeric) mask of exactly ``shape``."""
+    """A flat boolean array from a boolean (or 0/1 numeric) mask of exactly ``shape``."""
     arr = _as_array(name, mask, "a boolean mask array")
     if arr.shape != tuple(shape):
         raise ValueError(
@@ -153,7 +154,8 @@ def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
                 f"metric {name!r}: a mask holds 0/1 or booleans, got {flat[odd][0]!r}; "
                 "use weight= for fractions"
             )
-    return flat.astype(np.float64)
+        return flat != 0
+    return flat
 
 
 def device_weight(name: str, weight: Any, x: Any) -> Any:
@@ -203,4 +205,4 @@ def device_mask(name: str, mask: Any, x: Any) -> Any:
             )
         return _on_device(mask, x.device)
     flat = host_mask(name, mask, tuple(x.shape))
-    return _on_device(torch.from_numpy(flat.reshape(x.shape) != 0), x.device)
+    return _on_device(torch.from_numpy(flat.reshape(x.shape)), x.device)

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _algebra as al
 from ._spec import Spec
+from ._stats import Plan
 
 __all__ = ["GroupState", "Layout", "decode_entries", "encode_entries", "group_state"]
 
@@ -64,6 +65,7 @@ class Layout:
         self.names = [name for name, _ in self.entries]
         self.specs = [spec for _, spec in self.entries]
         self.index = {name: i for i, name in enumerate(self.names)}
+        self._plan: Plan | None = None
         digest = hashlib.blake2b(encode_entries(self.entries), digest_size=8).digest()
         self.fingerprint = int.from_bytes(digest, "little") & _MASK62
         exact = np.array([s.across == "exact" for s in self.specs], dtype=bool)
@@ -72,6 +74,7 @@ class Layout:
         self.first = np.array([self.specs[i].across == "first" for i in self.across], dtype=bool)
         self.agg_rows = [len(self.specs[i].reduce) for i in self.across]
         self.sketch = [i for i, s in enumerate(self.specs) if s.needs_sketch and exact[i]]
+        self.sketch_entries = [self.entries[i] for i in self.sketch]
         # per state column, the positions that carry it through a sync
         carried = np.zeros((al.NCOL_ALL, len(self.specs)), dtype=bool)
         for i, spec in enumerate(self.specs):
@@ -81,6 +84,13 @@ class Layout:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    @property
+    def plan(self) -> Plan:
+        """The output keys of this layout's metrics (built once)."""
+        if self._plan is None:
+            self._plan = Plan(self.names, self.specs)
+        return self._plan
 
     def covers(self, names: list[str], specs: list[Spec]) -> bool:
         """Whether every (name, spec) is in this layout."""
@@ -109,7 +119,8 @@ class GroupState:
     seq: int = 0  # completed syncs
     broken: str | None = None  # why the group's collectives are out of step
     lock: threading.Lock = field(default_factory=threading.Lock)  # one sync at a time
-    plans: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    # the sketch cells each quantile metric sends: the union of every global range seen
+    windows: dict[tuple[str, Spec], tuple[int, int]] = field(default_factory=dict)
 
 
 _GROUPS: dict[Hashable, GroupState] = {}

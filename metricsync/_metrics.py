@@ -40,6 +40,8 @@ __all__ = ["Metrics", "merge"]
 
 _FLOAT64 = np.float64
 _INF = float("inf")
+_TENSOR: list[type | None] = [None]  # torch.Tensor, once a tensor was recorded
+_HOST_CPU = _convert.HOST_DEVICE_TYPES  # CPU tensors are host data (tests may swap the set)
 
 
 class Metrics:
@@ -51,8 +53,6 @@ class Metrics:
     Names without a spec get ``Spec()`` (weighted mean, adaptive format).
     Safe to use from several threads.
     """
-
-    _tensor: type | None = None  # torch.Tensor, once a tensor was recorded
 
     def __init__(self, specs: Mapping[str, Spec] | None = None) -> None:
         if specs is not None and not isinstance(specs, Mapping):
@@ -113,16 +113,16 @@ class Metrics:
         ``ValueError`` naming the metric and records nothing.
         """
         cls = value.__class__
-        if mask is None and (cls is float or cls is int or cls is _FLOAT64):
+        if cls is float or cls is int or cls is _FLOAT64:
             try:
-                if weight is None:
+                if weight is None and mask is None:
                     buf = self._fast[name]  # a subscript is cheaper than .get on this path
                     buf.append(value)
                     if len(buf) >= FAST_LIMIT:
                         self._store.flush()
                     return
                 w = weight.__class__
-                if (w is float or w is int) and 0 <= weight < _INF:
+                if mask is None and (w is float or w is int) and 0 <= weight < _INF:
                     pair = self._weighted[name]
                     v, w = float(value), float(weight)  # both fit before either is appended
                     pair[0].append(v)
@@ -132,16 +132,12 @@ class Metrics:
                     return
             except (KeyError, TypeError, OverflowError):  # not open yet, unhashable, too big
                 pass
-        elif (
-            cls is self._tensor
-            and weight is None
-            and mask is None
-            and value.is_cpu
-            and "cpu" in _convert.HOST_DEVICE_TYPES
-        ):
-            try:
-                if value.dim() == 0:
+        elif cls is _TENSOR[0] and weight is None and mask is None:
+            try:  # float() of a CPU tensor of one element; other tensors take the general path
+                if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
                     buf = self._fast[name]
+                    if value.requires_grad:
+                        value = value.detach()
                     buf.append(float(value))  # host memory: no device read
                     if len(buf) >= FAST_LIMIT:
                         self._store.flush()
@@ -149,8 +145,8 @@ class Metrics:
             except (KeyError, TypeError, RuntimeError, ValueError):
                 pass
         self._store.prepare(name, value, weight, mask)()
-        if self._tensor is None and cls.__name__ in ("Tensor", "Parameter"):
-            Metrics._tensor = _torch_tensor_class()
+        if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):
+            _TENSOR[0] = _torch_tensor_class()
 
     def update(self, values: Mapping[str, Any]) -> None:
         """Record several metrics at once: ``update({"lr": lr, "tokens": n})``.

@@ -30,13 +30,13 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import _algebra as al
-from ._sketch import cells_numpy, sketch_layout
+from ._fold import Cells, merge_by_slot, run_columns, sketch_cells
 from ._spec import Spec
 
 __all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Batch", "HostPending", "fold"]
@@ -71,7 +71,8 @@ def _new_buffer(like: Any) -> Any:
 
 @dataclass
 class Batch:
-    """Pending samples as runs: run ``i`` is ``values[start[i]:start[i]+length[i]]``."""
+    """Pending samples: runs (run ``i`` is ``values[start[i]:start[i]+length[i]]``) and
+    records reduced on arrival (state columns ``rows``, with their sketch cells)."""
 
     values: np.ndarray
     weights: np.ndarray | None  # None: every weight is 1
@@ -79,9 +80,10 @@ class Batch:
     start: np.ndarray
     length: np.ndarray
     stamp: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.slot)
+    rows: np.ndarray = field(default_factory=lambda: al.identity(0))
+    row_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    row_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cells: list[Cells] = field(default_factory=list)
 
 
 class HostPending:
@@ -95,6 +97,7 @@ class HostPending:
         self._wts: np.ndarray | None = None
         self._used = 0
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
+        self._rows: list[tuple[int, np.ndarray, Cells | None, float]] = []  # reduced on arrival
 
     def open(self, name: str, spec: Spec) -> None:
         """Give ``name`` a number buffer, so its later Python numbers take the fast path."""
@@ -109,8 +112,13 @@ class HostPending:
             self.weighted[name] = (array("d"), array("d"))
 
     def fits(self, n: int) -> bool:
-        """Whether ``n`` more array samples fit before a fold."""
-        return self._used + n <= CHUNK_LIMIT and len(self._meta[0]) < _RECORD_LIMIT
+        """Whether ``n`` more array samples (or one reduced record) fit before a fold."""
+        records = len(self._meta[0]) + len(self._rows)
+        return self._used + n <= CHUNK_LIMIT and records < _RECORD_LIMIT
+
+    def add_row(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
+        """Keep one record reduced on arrival (its cells give slot 0: replaced by ``slot``)."""
+        self._rows.append((slot, row, None if cells is None else (slot, *cells[1:]), stamp))
 
     def add(self, slot: int, values: np.ndarray, weights: np.ndarray | None, stamp: float) -> None:
         """Buffer (by copy) an array of checked samples; the caller made room with a fold."""
@@ -140,7 +148,7 @@ class HostPending:
             self.fast[name] = _new_buffer(buf)
         for name in list(self.weighted):
             self.weighted[name] = (array("d"), array("d"))
-        self._retired, self._used = [], 0
+        self._retired, self._used, self._rows = [], 0, []
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def held(self) -> set[str]:
@@ -152,12 +160,12 @@ class HostPending:
 
     def chunk_slots(self) -> set[int]:
         """Slots with pending array samples."""
-        return set(self._meta[0])
+        return set(self._meta[0]) | {slot for slot, *_ in self._rows}
 
     def take(self, index: Mapping[str, int], consume: bool) -> Batch | None:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
         buffers, else they are read by copy and left as they are."""
-        runs: list[tuple[int, np.ndarray, np.ndarray | None, float]] = []
+        runs: list[_Run] = []
         now = al.now_us()
         kept: list[tuple[str, Any, int]] = []
         for name, old, done in self._retired:
@@ -180,17 +188,17 @@ class HostPending:
         self._retired = kept
         batch = self._batch(runs)
         if consume:
-            self._used = 0
+            self._used, self._rows = 0, []
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
-    def _batch(self, runs: list[tuple[int, np.ndarray, np.ndarray | None, float]]) -> Batch | None:
+    def _batch(self, runs: list[_Run]) -> Batch | None:
         slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in self._meta)
-        if not runs and not len(slots):
+        if not runs and not len(slots) and not self._rows:
             return None
         used = self._used
-        values = np.concatenate([r[1] for r in runs] + [self._vals[:used]])
-        run_len = np.array([len(r[1]) for r in runs], dtype=np.int64)
+        run_len = np.array([r[4] for r in runs], dtype=np.int64)
+        values = np.concatenate([np.frombuffer(b"".join(r[1] for r in runs)), self._vals[:used]])
         length = np.concatenate([run_len, lengths])
         start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
         weights = None
@@ -199,10 +207,9 @@ class HostPending:
             if self._wts is not None and weighted.any():
                 mine = np.repeat(weighted.astype(bool), lengths)
                 own[mine] = self._wts[:used][mine]
-            weights = np.concatenate(
-                [r[2] if r[2] is not None else np.ones(len(r[1])) for r in runs] + [own]
-            )
-        return Batch(
+            joined = b"".join(r[2] if r[2] is not None else _ONE * r[4] for r in runs)
+            weights = np.concatenate([np.frombuffer(joined), own])
+        batch = Batch(
             values,
             weights,
             np.concatenate([np.array([r[0] for r in runs], dtype=np.int64), slots]),
@@ -210,153 +217,89 @@ class HostPending:
             length,
             np.concatenate([np.array([r[3] for r in runs]), stamps]),
         )
+        if self._rows:
+            batch.rows = np.stack([row for _, row, _, _ in self._rows], axis=1)
+            batch.row_slot = np.array([slot for slot, *_ in self._rows], dtype=np.int64)
+            batch.row_stamp = np.array([stamp for *_, stamp in self._rows])
+            batch.cells = [cells for _, _, cells, _ in self._rows if cells is not None]
+        return batch
 
 
-def _read(
-    out: list[tuple[int, np.ndarray, np.ndarray | None, float]],
-    slot: int,
-    buf: Any,
-    done: int,
-    now: float,
-) -> int:
-    """Append ``buf``'s numbers past ``done`` to ``out`` (by copy); return how many it holds."""
+#: ``(slot, float64 bytes, weight bytes or None, stamp, count)`` of a buffer's numbers
+_Run = tuple[int, bytes, "bytes | None", float, int]
+_ONE = np.ones(1).tobytes()
+
+
+def _read(out: list[_Run], slot: int, buf: Any, done: int, now: float) -> int:
+    """Append ``buf``'s numbers past ``done`` to ``out`` (a copy taken in one call, so an
+    append elsewhere neither fails nor slips in between); return how many it holds."""
     if isinstance(buf, tuple):  # another thread may be between its two appends: min length
-        n = min(len(buf[0]), len(buf[1]))
+        values, weights = buf[0].tobytes(), buf[1].tobytes()
+        n = min(len(values), len(weights)) // 8
         if n > done:
-            w: np.ndarray | None = np.frombuffer(buf[1][done:n].tobytes())
-            out.append((slot, np.frombuffer(buf[0][done:n].tobytes()), w, now))
+            out.append((slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done))
         return n
-    n = len(buf)
+    data = buf.tobytes()
+    n = len(data) // 8
     if n > done:
-        out.append((slot, np.frombuffer(buf[done:n].tobytes()), None, getattr(buf, "stamp", now)))
+        out.append((slot, data[8 * done :], None, getattr(buf, "stamp", now), n - done))
     return n
 
 
-def fold(
-    batch: Batch | None, specs: Sequence[Spec]
-) -> tuple[np.ndarray, np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]:
+def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
     """Fold a batch into ``(slots, cols, cells)``: distinct slots, their state columns
-    ``(NCOL_ALL, len(slots))``, and ``(slot, cells, counts)`` sketch additions.
+    ``(NCOL_ALL, len(slots))``, and sketch additions (see :mod:`metricsync._fold`).
 
     NaN and infinities of ``nan="ignore"`` metrics are dropped here and counted.
     """
-    if batch is None or not len(batch):
+    if batch is None:
         return np.zeros(0, dtype=np.intp), al.identity(0), []
-    # runs by slot, then by time: a metric's latest sample is in its last run (``last``)
-    order = np.lexsort((batch.stamp, batch.slot))
-    length = batch.length[order]
-    keep_runs = length > 0
-    order, length = order[keep_runs], length[keep_runs]
-    if not len(order):
-        return np.zeros(0, dtype=np.intp), al.identity(0), []
-    run_slot, stamp = batch.slot[order], batch.stamp[order]
-    run_start = np.concatenate([[0], np.cumsum(length)[:-1]])
-    take = np.repeat(batch.start[order] - run_start, length) + np.arange(int(length.sum()))
-    values = batch.values[take]
-    weights = None if batch.weights is None else batch.weights[take]
-    first = np.flatnonzero(np.r_[True, run_slot[1:] != run_slot[:-1]])
-    slots = run_slot[first]
-    starts = run_start[first]
-    per_slot = np.diff(np.r_[starts, len(values)])
-    used = [specs[s] for s in slots.tolist()]
-    need = set().union(*(al.needed_columns(spec) for spec in used))
-    per_run = al.identity(len(order))
-    with np.errstate(all="ignore"):
-        ignore = np.array([spec.nan == "ignore" for spec in used])
-        if ignore.any():
-            dropped = np.repeat(ignore, per_slot) & ~np.isfinite(values)
-            if weights is not None:
-                dropped &= weights > 0
-            if dropped.any():
-                weights = np.where(dropped, 0.0, 1.0 if weights is None else weights)
-                per_run[al.DROP] = np.add.reduceat(dropped.astype(np.float64), run_start)
-        _columns(per_run, need, values, weights, run_start, length, stamp)
-        cols = _merge_runs(per_run, first)
-    # a column a metric does not carry holds its identity: state depends on records only
-    carried = np.array([al.carries(spec) for spec in used]).T
-    cols[~carried] = np.broadcast_to(al.IDENTITY[:, None], cols.shape)[~carried]
-    cells = _cells(slots, used, values, weights, starts, per_slot)
-    return slots, cols, cells
+    cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
+    runs = batch.length > 0
+    if runs.any():
+        run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
+        used = [specs[s] for s in run_slot.tolist()]
+        need = set().union(*(al.needed_columns(spec) for spec in used))
+        x, w = batch.values, batch.weights
+        if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
+            take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
+            take += np.arange(int(length.sum()))
+            x, w = x[take], None if w is None else w[take]
+            start = np.r_[0, np.cumsum(length)[:-1]]
+        with np.errstate(all="ignore"):
+            ignore = np.array([spec.nan == "ignore" for spec in used])
+            drops = None
+            if ignore.any():
+                dropped = np.repeat(ignore, length) & ~np.isfinite(x)
+                if w is not None:
+                    dropped &= w > 0
+                if dropped.any():
+                    w = np.where(dropped, 0.0, 1.0 if w is None else w)
+                    drops = np.add.reduceat(dropped.astype(np.float64), start)
+            run_cols = run_columns(need, x, w, start, length, batch.stamp[runs])
+            if drops is not None:
+                run_cols[al.DROP] = drops
+        cols.append(run_cols)
+        slot.append(run_slot)
+        stamp.append(batch.stamp[runs])
+        cells += _run_cells(used, run_slot, x, w, length)
+    slots, merged = merge_by_slot(
+        np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), specs
+    )
+    return slots, merged, cells
 
 
-def _merge_runs(per_run: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Merge each slot's runs (``first``: where each slot's runs start), in order.
-
-    Runs merge one after the other with the merge algebra (Chan's formula for
-    the second moment), as separate records always have.
-    """
-    cols = per_run[:, first]
-    counts = np.diff(np.r_[first, per_run.shape[1]])
-    for j in range(1, int(counts.max())):
-        more = counts > j
-        cols[:, more] = al.merge(cols[:, more], per_run[:, first[more] + j], np)
-    return cols
-
-
-def _columns(
-    cols: np.ndarray,
-    need: set[int],
-    x: np.ndarray,
-    w: np.ndarray | None,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-    stamps: np.ndarray,
-) -> None:
-    """Fill the needed state columns of contiguous runs of samples (``stamps``: one per run)."""
-    if w is None:
-        cols[al.W] = lengths
-        cols[al.S] = ssum = np.add.reduceat(x, starts)
-        if al.MAX in need:
-            cols[al.MAX] = np.maximum.reduceat(x, starts)
-        if al.NEGMIN in need:
-            cols[al.NEGMIN] = -np.minimum.reduceat(x, starts)
-        if al.LAST in need:
-            cols[al.LAST], cols[al.T] = x[starts + lengths - 1], stamps
-        if al.M2 in need:
-            dev = x - np.repeat(ssum / lengths, lengths)
-            cols[al.M2] = np.add.reduceat(dev * dev, starts)
-        return
-    keep = w > 0
-    x0 = np.where(keep, x, 0.0)
-    cols[al.W] = wsum = np.add.reduceat(w, starts)
-    cols[al.S] = ssum = np.add.reduceat(w * x0, starts)
-    if al.MAX in need:
-        cols[al.MAX] = np.maximum.reduceat(np.where(keep, x, -np.inf), starts)
-    if al.NEGMIN in need:
-        cols[al.NEGMIN] = np.maximum.reduceat(np.where(keep, -x, -np.inf), starts)
-    if al.LAST in need:
-        idx = np.maximum.reduceat(np.where(keep, np.arange(len(x)), -1), starts)
-        has = idx >= 0
-        cols[al.LAST] = np.where(has, x[np.maximum(idx, 0)], 0.0)
-        cols[al.T] = np.where(has, stamps, -np.inf)
-    if al.M2 in need:
-        mean = np.where(wsum > 0, ssum / np.where(wsum > 0, wsum, 1.0), 0.0)
-        dev = x0 - np.repeat(mean, lengths)
-        cols[al.M2] = np.add.reduceat(np.where(keep, w * dev * dev, 0.0), starts)
-
-
-def _cells(
-    slots: np.ndarray,
-    specs: list[Spec],
-    x: np.ndarray,
-    w: np.ndarray | None,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Sketch additions of the slots with sketches: only the cells their samples touch."""
+def _run_cells(
+    used: list[Spec], run_slot: np.ndarray, x: np.ndarray, w: np.ndarray | None, length: np.ndarray
+) -> list[Cells]:
+    """Sketch additions of the runs of metrics with a sketch, per metric."""
+    sketched = np.array([spec.needs_sketch for spec in used])
+    if not sketched.any():
+        return []
+    elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
     out = []
-    for i, spec in enumerate(specs):
-        if not spec.needs_sketch:
-            continue
-        layout = sketch_layout(spec.accuracy)
-        part = slice(starts[i], starts[i] + lengths[i])
-        weights = None if w is None else w[part]
-        cell, clamped = cells_numpy(layout, x[part])
-        touched, where = np.unique(cell, return_inverse=True)
-        counts = np.bincount(where, weights, minlength=len(touched))
-        if clamped is not None:
-            extra = np.count_nonzero(clamped) if weights is None else weights[clamped].sum()
-            touched = np.r_[touched, layout.clamped_cell]
-            counts = np.r_[counts, extra]
-        out.append((int(slots[i]), touched, counts))
+    for slot in np.unique(run_slot[sketched]).tolist():
+        sel = elem_slot == slot
+        spec = used[int(np.flatnonzero(run_slot == slot)[0])]
+        out.append(sketch_cells(spec, slot, x[sel], None if w is None else w[sel]))
     return out

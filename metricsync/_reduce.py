@@ -40,6 +40,7 @@ __all__ = [
     "positions",
     "sketch_windows",
     "sum_cells",
+    "within_windows",
 ]
 
 HEADER = 8  #: int64 words ahead of a rank's data: see :mod:`metricsync._sync`
@@ -109,6 +110,20 @@ def sketch_windows(layout: Layout, merged: StateTable) -> list[tuple[int, int]]:
         vmin, vmax = merged.extremes(i)
         out.append(window(sketch_layout(layout.specs[i].accuracy), vmin, vmax))
     return out
+
+
+def within_windows(
+    table: StateTable, layout: Layout, where: np.ndarray, windows: list[tuple[int, int]]
+) -> bool:
+    """Whether every sketch cell this rank holds lies inside the agreed windows."""
+    for i, agreed in zip(layout.sketch, windows):
+        slot = int(where[i])
+        if slot == len(table) or not table.state[al.W, slot] > 0:
+            continue
+        lo, hi = window(sketch_layout(layout.specs[i].accuracy), *table.extremes(slot))
+        if lo < hi and not (agreed[0] <= lo and hi <= agreed[1]):
+            return False
+    return True
 
 
 def pack_cells(

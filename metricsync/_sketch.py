@@ -372,10 +372,15 @@ def query(
         raise ValueError(f"quantiles must lie in [0, 1], got {list(qs)}")
     lo = np.broadcast_to(np.asarray(vmin, dtype=np.float64).reshape(-1), (c.shape[0],))
     hi = np.broadcast_to(np.asarray(vmax, dtype=np.float64).reshape(-1), (c.shape[0],))
-    cum = np.cumsum(c[:, : layout.nan_cell], axis=1)
+    first_cell, end = 0, layout.nan_cell
+    if np.isfinite(lo).all() and np.isfinite(hi).all() and len(lo):
+        # every sample lies in [vmin, vmax]: the cells outside hold nothing
+        first_cell = window(layout, float(lo.min()), float(lo.min()))[0]
+        end = max(window(layout, float(hi.max()), float(hi.max()))[1], first_cell + 1)
+    cum = np.cumsum(c[:, first_cell:end], axis=1)
     total = cum[:, -1]
-    reps = _representatives(layout)
-    last = layout.nan_cell - 1
+    reps = _representatives(layout)[first_cell:end]
+    last = end - first_cell - 1
     out = np.empty((c.shape[0], q.size))
     with np.errstate(invalid="ignore", over="ignore"):
         for j, qj in enumerate(q):

@@ -28,11 +28,14 @@ from . import _algebra as al
 from . import _convert
 from ._convert import as_torch, host_mask, host_values, host_weights
 from ._errors import SpecMismatchError
-from ._pending import CHUNK_LIMIT, Batch, HostPending, fold
+from ._fold import reduce_record
+from ._pending import Batch, HostPending, fold
 from ._spec import Spec, SpecTable
 from ._table import StateTable
 
 __all__ = ["Store"]
+
+ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 
 
 class Store:
@@ -45,8 +48,6 @@ class Store:
         self.devices: dict[Any, Any] = {}  # torch.device -> DeviceState
         self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
         self.lock = threading.RLock()
-        for name, spec in zip(self.table.names, self.table.specs):
-            self.pending.open(name, spec)
 
     # ------------------------------------------------------------------ specs
 
@@ -101,17 +102,32 @@ class Store:
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
+        cls = value.__class__
+        if weight is None and mask is None and (cls is float or cls is int or cls is np.float64):
+            with self.lock:
+                spec = self.spec(name)
+            if spec.nan != "error":  # a name's first number: open its buffer and append
+                try:
+                    number = float(value)
+                except OverflowError:
+                    raise ValueError(
+                        f"metric {name!r}: {value!r:.40} does not fit in a float64"
+                    ) from None
+                return partial(self._apply_number, name, spec, number)
         tensor = as_torch(value)
         if tensor is not None:
-            if tensor.device.type not in _convert.HOST_DEVICE_TYPES:
+            host = _convert.HOST_DEVICE_TYPES
+            if not (tensor.is_cpu and "cpu" in host) and tensor.device.type not in host:
                 return self._prepare_device(name, tensor, weight, mask)
+            if weight is None and mask is None and tensor.dim() == 0:
+                return self.prepare(name, float(host_values(name, tensor)[0]), None, None)
             value = tensor
         with self.lock:
             spec = self.spec(name)
         values = host_values(name, value)
         shape = tuple(tensor.shape) if tensor is not None else np.shape(value)
         w = None if weight is None else host_weights(name, weight, shape)
-        if mask is not None:
+        if mask is not None:  # a boolean array; beside a weight, the weight's zeros
             m = host_mask(name, mask, shape)
             w = m if w is None else w * m
         if spec.nan == "error":
@@ -130,13 +146,21 @@ class Store:
             if not n:
                 return
             stamp = al.now_us()
-            if n > CHUNK_LIMIT // 4:  # folds at once: no copy kept around
-                one = np.array([slot]), np.array([0]), np.array([n]), np.array([stamp])
-                self._fold_into_table(Batch(values, w, *one))
-                return
-            if not self.pending.fits(n):
+            if not self.pending.fits(n if n <= ARRIVAL_MIN else 0):
                 self.flush()
-            self.pending.add(slot, values, w, stamp)
+            if n > ARRIVAL_MIN:  # a few reductions now cost less than keeping every sample
+                row, cells = reduce_record(values, w, spec, stamp)
+                self.pending.add_row(slot, row, cells, stamp)
+            else:
+                self.pending.add(slot, values, w, stamp)
+
+    def _apply_number(self, name: str, spec: Spec, number: float) -> None:
+        with self.lock:
+            slot = self.table.slot(name, spec)
+            self.pending.open(name, spec)  # the name's later numbers take the fast path
+            if not self.pending.fits(1):
+                self.flush()
+            self.pending.add(slot, np.array([number]), None, al.now_us())
 
     def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
         from ._convert import check_tensor, device_mask, device_weight

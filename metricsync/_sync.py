@@ -41,7 +41,16 @@ import numpy as np
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
 from ._layout import Layout, decode_entries, encode_entries, group_state
-from ._reduce import HEADER, merge_ranks, pack, pack_cells, positions, sketch_windows, sum_cells
+from ._reduce import (
+    HEADER,
+    merge_ranks,
+    pack,
+    pack_cells,
+    positions,
+    sketch_windows,
+    sum_cells,
+    within_windows,
+)
 from ._spec import SpecTable
 from ._store import Store
 from ._table import StateTable
@@ -49,7 +58,8 @@ from ._table import StateTable
 __all__ = ["check_timeout", "resolve_group", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
-_RELAYOUT, _DEVICE_ERROR, _CONFLICT = 1, 2, 4
+_RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
+_NO_WINDOW = (0, 0)
 _MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
 
 
@@ -198,6 +208,9 @@ def _agree_and_merge(
         mine = where < len(table)
         covered = int(mine.sum()) == len(table) and layout.covers(table.names, table.specs)
         flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
+        agreed = [state.windows.get(entry, _NO_WINDOW) for entry in layout.sketch_entries]
+        if covered and not within_windows(table, layout, where, agreed):
+            flags |= _WINDOW
         clash = 0
         if attempt and not covered:  # the new entries gave a name this rank holds another spec
             flags |= _CONFLICT
@@ -210,7 +223,13 @@ def _agree_and_merge(
         held = mine & _same_specs(table, layout, where)
         bits = np.packbits(np.concatenate([held, _declared_otherwise(rules, layout, mine)]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
-        data = pack(table, layout, where, rank) if flags == 0 else np.zeros(layout.data_size)
+        size = layout.data_size + sum(hi - lo + 2 for lo, hi in agreed)
+        if flags & ~_WINDOW:
+            data = np.zeros(size)
+        else:
+            data = np.concatenate(
+                [pack(table, layout, where, rank), pack_cells(table, layout, where, agreed)]
+            )
         gathered = comm.all_gather(
             np.concatenate([head.view(np.float64), bits.view(np.float64), data]),
             world,
@@ -237,16 +256,28 @@ def _agree_and_merge(
         if every & _RELAYOUT:
             layout = _extend(comm, table, layout, world)
             continue
-        merged = merge_ranks(layout, gathered[:, HEADER + nbits :])
-        if layout.sketch:
-            windows = sketch_windows(layout, merged)
+        body = gathered[:, HEADER + nbits :]
+        merged = merge_ranks(layout, body[:, : layout.data_size])
+        if every & _WINDOW:  # some samples fell outside the agreed cells: widen, send again
+            agreed = [_union(a, b) for a, b in zip(agreed, sketch_windows(layout, merged))]
             cells = comm.all_gather(
-                pack_cells(table, layout, where, windows), world, "the sketch gather"
+                pack_cells(table, layout, where, agreed), world, "the sketch gather"
             )
-            sum_cells(merged, layout, windows, cells)
+            sum_cells(merged, layout, agreed, cells)
+        elif layout.sketch:
+            sum_cells(merged, layout, agreed, body[:, layout.data_size :])
+        state.windows.update(zip(layout.sketch_entries, agreed))
         state.layout = layout
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _union(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    if a[0] >= a[1]:
+        return b
+    if b[0] >= b[1]:
+        return a
+    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:

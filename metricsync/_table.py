@@ -46,6 +46,7 @@ class StateTable:
         self.aggs: dict[int, np.ndarray] = {}
         self._plan: Plan | None = None
         self._shared = False  # names/index/specs are shared with a sync layout
+        self._blank = True  # every slot holds the identity state
 
     @classmethod
     def from_parts(
@@ -56,15 +57,21 @@ class StateTable:
         sketches: Mapping[int, np.ndarray] | None = None,
         aggs: Mapping[int, np.ndarray] | None = None,
         index: dict[str, int] | None = None,
+        plan: Plan | None = None,
     ) -> StateTable:
-        """A table over given parts; the name lists are shared (copied before any change)."""
+        """A table over given parts; the name lists are shared (copied before any change).
+
+        ``plan``, if given, is the :class:`Plan` of exactly these names and specs.
+        """
         table = cls()
+        table._plan = plan
         table.names, table.specs = names, specs
         table.index = index if index is not None else {n: i for i, n in enumerate(names)}
         table.cols = cols if cols.shape[1] else identity(8)
         table.sketches = dict(sketches or {})
         table.aggs = dict(aggs or {})
         table._shared = True
+        table._blank = False
         for slot, spec in enumerate(specs):
             if spec.needs_sketch and slot not in table.sketches:
                 table.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
@@ -141,7 +148,11 @@ class StateTable:
     def merge_state(self, slots: Sequence[int] | np.ndarray, cols: np.ndarray) -> None:
         """Merge state columns ``(NCOL_ALL, len(slots))`` into ``slots`` (distinct)."""
         idx = np.asarray(slots, dtype=np.intp)
-        self.cols[:, idx] = merge(self.cols[:, idx], cols, np)
+        if self._blank:  # nothing merged since the start or a reset: the merge is ``cols``
+            self.cols[:, idx] = cols
+        else:
+            self.cols[:, idx] = merge(self.cols[:, idx], cols, np)
+        self._blank = False
 
     def add_cells(self, slot: int, cells: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts`` to the distinct sketch ``cells`` of ``slot``."""
@@ -184,6 +195,7 @@ class StateTable:
                 agg = fold_rank(agg, own[t], first, before=True)
             self.aggs[m] = merge_aggregates(self.aggs[m], agg, first)
             self.cols[DROP, m] += other.cols[DROP, t]
+            self._blank = False
 
     def own_values(self) -> dict[int, np.ndarray]:
         """Each ``across`` slot's statistics from its own samples (its rank's result)."""
@@ -204,13 +216,15 @@ class StateTable:
             self.state.copy(),
             {k: v.copy() for k, v in self.sketches.items()},
             {k: v.copy() for k, v in self.aggs.items()},
+            plan=self.plan(),  # built once for these names, not once per copy
         )
-        table._shared = False
+        table._shared, table._blank = False, self._blank
         return table
 
     def reset(self) -> None:
         """Forget every sample; keep names and specs."""
         self.cols[:] = IDENTITY[:, None]
+        self._blank = True
         for cells in self.sketches.values():
             cells[:] = 0.0
         for agg in self.aggs.values():

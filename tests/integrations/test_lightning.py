@@ -251,9 +251,9 @@ def test_ddp_one_packed_sync_per_step(tmp_path: pytest.TempPathFactory) -> None:
         _check_window(values, union)
         assert values["samples"] == 8.0
         assert values["k/3"] == 3.0 + 1.0  # max over ranks of k + rank
-    # KEYS + 2 metrics synced in two collectives per step (the state gather and the sketch
-    # cells of the quantile metric) after the first, which agrees on a layout; Lightning's
+    # KEYS + 2 metrics synced in one gather per step after the first, which agrees on a layout (two
+    # when a quantile metric's samples leave the sketch cells agreed so far); Lightning's
     # sync_dist=True costs one per key.
     for counts in (steps0, steps1):
-        assert len(counts) == 4 and all(c == 2 for c in counts[1:]) and counts[0] <= 5
+        assert len(counts) == 4 and all(1 <= c <= 2 for c in counts[1:]) and counts[0] <= 5
     assert base0 >= KEYS

@@ -275,7 +275,7 @@ def test_ddp_trainer_syncs_once_per_log_and_rank0_writes(tmp_path: pytest.TempPa
         assert values["logit_abs/max"] == union.max()
         assert values["logit_abs/mean"] == pytest.approx(union.mean(), rel=1e-9)
         assert values["k/39"] == 2 * 39.0  # one record per rank per step
-    # 46 keys: every log after the first costs 2 collectives, the state gather and the
-    # sketch cells of the quantile metric (the first agrees on a layout)
+    # 46 keys: every log after the first costs one gather (two when a quantile metric's
+    # samples leave the sketch cells agreed so far; the first agrees on a layout)
     for counts in (counts0, counts1):
-        assert len(counts) == 5 and all(c == 2 for c in counts[1:4]) and counts[0] <= 6
+        assert len(counts) == 5 and all(1 <= c <= 2 for c in counts[1:4]) and counts[0] <= 6

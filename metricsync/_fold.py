@@ -1,0 +1,188 @@
+"""Folding host samples into state columns, vectorized.
+
+Two kinds of input reach the fold. *Runs* are consecutive samples of one
+metric in a buffer (a name's buffered Python numbers, or one small array):
+each becomes a state column with one ``reduceat`` per needed column, in
+buffer order, no copy. *Rows* are records reduced on arrival
+(:func:`reduce_record`, for arrays of more than a few hundred samples, where
+a few numpy reductions cost less than buffering every sample). Rows of one
+metric then merge in recording order (:func:`merge_by_slot`): sums and
+extremes with one ``reduceat`` each, ``last`` as the latest row, the second
+moment by Chan's formula one row after the other, as separate records always
+have. Sketch cells go through ``np.unique`` over the touched cells only.
+
+>>> import numpy as np
+>>> from metricsync._spec import Spec
+>>> row, cells = reduce_record(np.array([1.0, 5.0, 9.0]), np.array([True, True, False]), Spec("max"), 1.0)
+>>> float(row[2]), cells
+(5.0, None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _algebra as al
+from ._sketch import cells_numpy, sketch_layout
+from ._spec import Spec
+
+__all__ = ["Cells", "merge_by_slot", "reduce_record", "run_columns", "sketch_cells"]
+
+#: ``(slot, cells, counts)``: additions to the distinct ``cells`` of a slot's sketch
+Cells = tuple[int, np.ndarray, np.ndarray]
+_SUM = [al.W, al.S, al.DROP]
+_MAX = [al.MAX, al.NEGMIN]
+
+
+def run_columns(
+    need: set[int],
+    x: np.ndarray,
+    w: np.ndarray | None,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    stamps: np.ndarray,
+) -> np.ndarray:
+    """``(NCOL_ALL, runs)``: the needed columns of contiguous runs (``stamps``: one per run)."""
+    cols = al.identity(len(starts))
+    if w is None:
+        cols[al.W] = lengths
+        cols[al.S] = ssum = np.add.reduceat(x, starts)
+        if al.MAX in need:
+            cols[al.MAX] = np.maximum.reduceat(x, starts)
+        if al.NEGMIN in need:
+            cols[al.NEGMIN] = -np.minimum.reduceat(x, starts)
+        if al.LAST in need:
+            cols[al.LAST], cols[al.T] = x[starts + lengths - 1], stamps
+        if al.M2 in need:
+            dev = x - np.repeat(ssum / lengths, lengths)
+            cols[al.M2] = np.add.reduceat(dev * dev, starts)
+        return cols
+    keep = w > 0
+    x0 = np.where(keep, x, 0.0)
+    cols[al.W] = wsum = np.add.reduceat(w, starts)
+    cols[al.S] = ssum = np.add.reduceat(w * x0, starts)
+    if al.MAX in need:
+        cols[al.MAX] = np.maximum.reduceat(np.where(keep, x, -np.inf), starts)
+    if al.NEGMIN in need:
+        cols[al.NEGMIN] = np.maximum.reduceat(np.where(keep, -x, -np.inf), starts)
+    if al.LAST in need:
+        idx = np.maximum.reduceat(np.where(keep, np.arange(len(x)), -1), starts)
+        has = idx >= 0
+        cols[al.LAST] = np.where(has, x[np.maximum(idx, 0)], 0.0)
+        cols[al.T] = np.where(has, stamps, -np.inf)
+    if al.M2 in need:
+        mean = np.where(wsum > 0, ssum / np.where(wsum > 0, wsum, 1.0), 0.0)
+        dev = x0 - np.repeat(mean, lengths)
+        cols[al.M2] = np.add.reduceat(np.where(keep, w * dev * dev, 0.0), starts)
+    return cols
+
+
+def reduce_record(
+    x: np.ndarray, w: np.ndarray | None, spec: Spec, stamp: float
+) -> tuple[np.ndarray, Cells | None]:
+    """One record's state column, and its sketch cells (slot 0), reduced on arrival.
+
+    ``w`` is None, a boolean mask or float64 weights (finite, >= 0).
+    NaN and infinities of a ``nan="ignore"`` metric are dropped and counted.
+    """
+    need = al.needed_columns(spec)
+    row = al.IDENTITY.copy()
+    if w is not None and w.dtype == np.bool_:
+        x, w = x[w], None
+    elif w is not None:
+        kept = w > 0
+        if not kept.all():
+            x, w = x[kept], w[kept]
+    with np.errstate(all="ignore"):
+        if spec.nan == "ignore":
+            finite = np.isfinite(x)
+            if not finite.all():
+                row[al.DROP] = len(x) - int(np.count_nonzero(finite))
+                x = x[finite]
+                w = None if w is None else w[finite]
+        if not len(x):
+            return row, None
+        if w is None:
+            row[al.W], row[al.S] = len(x), x.sum(dtype=np.float64)
+        else:
+            row[al.W], row[al.S] = w.sum(), np.dot(w, x.astype(np.float64, copy=False))
+        if al.MAX in need:
+            row[al.MAX], row[al.NEGMIN] = x.max(), -x.min()
+        if al.LAST in need:
+            row[al.LAST], row[al.T] = float(x[-1]), stamp
+        if al.M2 in need:
+            x = x.astype(np.float64, copy=False)
+            dev = x - row[al.S] / row[al.W] if row[al.W] > 0 else x * 0.0
+            row[al.M2] = np.dot(dev, dev) if w is None else np.dot(w * dev, dev)
+    if not spec.needs_sketch:
+        return row, None
+    return row, sketch_cells(spec, 0, x.astype(np.float64, copy=False), w)
+
+
+def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> Cells:
+    """A metric's sketch additions from its samples: only the cells they touch."""
+    layout = sketch_layout(spec.accuracy)
+    cell, clamped = cells_numpy(layout, x)
+    touched, where = np.unique(cell, return_inverse=True)
+    counts = np.bincount(where, w, minlength=len(touched))
+    if clamped is not None:
+        extra = np.count_nonzero(clamped) if w is None else w[clamped].sum()
+        touched = np.r_[touched, layout.clamped_cell]
+        counts = np.r_[counts, extra]
+    return slot, touched, counts
+
+
+def merge_by_slot(
+    cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, specs: Sequence[Spec]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, cols)``: rows of the same slot merged in time order (see the module docstring)."""
+    order = np.lexsort((stamp, slot))
+    cols, slot = cols[:, order], slot[order]
+    starts = np.empty(len(slot), dtype=bool)
+    starts[:1] = True
+    np.not_equal(slot[1:], slot[:-1], out=starts[1:])
+    first = np.flatnonzero(starts)
+    slots = slot[first]
+    # a column a metric does not carry holds its identity: state depends on records only
+    carried = np.array([al.carries(specs[s]) for s in slots.tolist()]).T
+    if len(first) == len(slot):  # one row per slot: nothing to merge
+        cols[~carried] = np.broadcast_to(al.IDENTITY[:, None], cols.shape)[~carried]
+        return slots, cols
+    out = al.identity(len(first))
+    with np.errstate(all="ignore"):
+        out[_SUM] = np.add.reduceat(cols[_SUM], first, axis=1)
+        out[_MAX] = np.maximum.reduceat(cols[_MAX], first, axis=1)
+        idx = np.maximum.reduceat(
+            np.where(cols[al.T] > -np.inf, np.arange(cols.shape[1]), -1), first
+        )
+        has = idx >= 0
+        out[al.LAST] = np.where(has, cols[al.LAST, np.maximum(idx, 0)], 0.0)
+        out[al.T] = np.where(has, cols[al.T, np.maximum(idx, 0)], -np.inf)
+        if carried[al.M2].any():
+            out[al.M2] = _chan(cols[al.W], cols[al.S], cols[al.M2], first)
+    out[~carried] = np.broadcast_to(al.IDENTITY[:, None], out.shape)[~carried]
+    return slots, out
+
+
+def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each slot's second moment: its rows (runs starting at ``first``) merged pairwise by
+    Chan's formula, neighbours first, in log2(rows) vectorized rounds."""
+    w, s, m2 = w.copy(), s.copy(), m2.copy()
+    run = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(w)]))
+    while len(run) > len(first):
+        rank = np.arange(len(run)) - np.r_[first][run]  # position within the slot's rows
+        left = (rank % 2 == 0) & np.r_[run[1:] == run[:-1], False]  # has a right neighbour
+        a, b = np.flatnonzero(left), np.flatnonzero(left) + 1
+        wa, wb = w[a], w[b]
+        total = wa + wb
+        delta = s[b] / np.where(wb > 0, wb, 1.0) - s[a] / np.where(wa > 0, wa, 1.0)
+        both = (wa > 0) & (wb > 0)
+        fix = np.where(both, wa * wb / np.where(total > 0, total, 1.0) * delta * delta, 0.0)
+        m2[a], w[a], s[a] = m2[a] + m2[b] + fix, total, s[a] + s[b]
+        keep = np.ones(len(run), dtype=bool)
+        keep[b] = False
+        w, s, m2, run = w[keep], s[keep], m2[keep], run[keep]
+        first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    return m2
