@@ -7,7 +7,9 @@ the layout positions that carry it (:attr:`Layout.carried`), then each
 After an ``all_gather`` every rank unpacks every rank's vector and merges them
 in rank order with the one merge algebra (:mod:`metricsync._algebra`), so a
 sync computes exactly what ``merge`` computes, ``last``, ranks and ``first``
-included. Sketches follow in a second gather, limited to the cells between
+included. An ``argrank`` metric's extremes travel with the rank (in ``group``)
+that holds them: :func:`pack` labels every sample of this rank with its rank,
+replacing the ranks of an earlier sync, so a result's ranks count in one group. Sketches follow in a second gather, limited to the cells between
 the global minimum and maximum every rank now knows.
 
 >>> from metricsync._layout import Layout
@@ -56,10 +58,9 @@ def positions(table: StateTable, layout: Layout) -> np.ndarray:
 def pack(table: StateTable, layout: Layout, where: np.ndarray, rank: int) -> np.ndarray:
     """This rank's state in ``layout`` (``where`` from :func:`positions`) as one vector."""
     state = np.concatenate([table.state, identity(1)], axis=1)[:, where]
-    with np.errstate(invalid="ignore"):
-        held = state[al.W] > 0
-        for col in (al.MAXRANK, al.MINRANK):  # samples of this process: this rank
-            state[col] = np.where(np.isnan(state[col]) & held, float(rank), state[col])
+    # every sample this rank holds is this rank's here, whatever an earlier sync said, so the
+    # ranks of a result always count in the group of the sync that made it
+    state[[al.MAXRANK, al.MINRANK]] = np.where(state[al.W] > 0, float(rank), np.nan)
     parts = [state[c, layout.carried[c]] for c in range(al.NCOL_ALL)]
     if len(layout.across):
         own = table.own_values()

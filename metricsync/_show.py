@@ -67,10 +67,13 @@ def rank_keys(available: Sequence[str], keys: str | None = None) -> list[str]:
     """The straggler view's keys: each ``NAME/max_rank``/``NAME/min_rank`` after its value.
 
     ``NAME/max`` (``NAME/min``) is shown before the rank that held it when
-    the log has it. ``keys`` (globs) narrows the names.
+    the log has it; a single-statistic metric logs its value as ``NAME``, shown
+    before its ranks. ``keys`` (globs) narrows the names.
 
     >>> rank_keys(["t/max", "t/max_rank", "loss", "t/min_rank", "u/max_rank"])
     ['t/max', 't/max_rank', 't/min_rank', 'u/max_rank']
+    >>> rank_keys(["step", "step/max_rank", "step/min_rank"])
+    ['step', 'step/max_rank', 'step/min_rank']
     """
     present = set(available)
     ranked = [k for k in available if k.endswith(_RANK_SUFFIXES)]
@@ -81,7 +84,9 @@ def rank_keys(available: Sequence[str], keys: str | None = None) -> list[str]:
         )
     chosen: list[str] = []
     for key in ranked:
-        value = key[: -len("_rank")]
+        name = key.rsplit("/", 1)[0]
+        stats = {f"{name}/max", f"{name}/min"} & present
+        value = key[: -len("_rank")] if stats else name  # no NAME/max, NAME/min: NAME itself
         chosen.extend(k for k in (value, key) if k in present and k not in chosen)
     if keys is not None:
         names = {k.rsplit("/", 1)[0] for k in chosen}

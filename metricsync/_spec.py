@@ -105,8 +105,10 @@ class Spec:
             weight reaches ``q * W``). Either is estimated from the sketch
             within its relative accuracy.
         argrank: also report ``name/max_rank`` and ``name/min_rank``, the rank
-            that held the largest and smallest sample (lowest rank on ties),
-            known after ``sync``; a straggler view for ``timing/*``.
+            (in the group of the latest ``sync``) that held the largest and
+            smallest sample (lowest rank on ties; under ``nan="propagate"`` a
+            NaN counts as the largest and smallest), known after ``sync``; a
+            straggler view for ``timing/*``. Needs ``across="exact"``.
 
     >>> spec = Spec(("mean", "p99"), fmt=".0f")
     >>> spec.reduce, spec.across, spec.quantiles
@@ -187,6 +189,12 @@ class Spec:
             )
         if not isinstance(argrank, bool):
             raise TypeError(f"argrank must be True or False, got {argrank!r}")
+        if argrank and across != "exact":
+            raise ValueError(
+                f"argrank needs across='exact', got across={across!r}: it names the rank "
+                "holding the largest and smallest of the pooled samples, which an across "
+                "mode does not pool (time one sample per rank and step, with reduce='max')"
+            )
         quantiles = tuple(q for q in (quantile_of(s) for s in stats) if q is not None)
         needs_sketch = any(0.0 < q < 1.0 for q in quantiles)
         if needs_sketch:

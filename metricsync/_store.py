@@ -88,6 +88,8 @@ class Store:
         name = self.table.names[slot]
         if name in self.pending.held() or slot in self.pending.chunk_slots():
             return True
+        if any(name == pending for pending, _ in self.deferred):
+            return True
         return self.table.holds_data(slot) or any(
             slot in dev.recorded_slots() for dev in self.devices.values()
         )
@@ -205,6 +207,9 @@ class Store:
     def defer(self, name: str, value: Callable[[], float]) -> None:
         """Record ``value()`` under ``name`` at the next snapshot that reads devices."""
         with self.lock:
+            spec = self.spec(name)
+            self.table.slot(name, spec)  # the name takes its place (and format) now
+            self.pending.open(name, spec)
             self.deferred.append((name, value))
 
     def _resolve_deferred(self) -> None:
@@ -244,11 +249,13 @@ class Store:
                 table.sketches[slot] += extra
 
     def held_names(self) -> list[str]:
-        """Names holding samples, without reading any device (device records count)."""
+        """Names holding samples, without reading any device (device records and CUDA
+        timers not yet read count)."""
         with self.lock:
             held = self.snapshot(devices=False).holds()
             for dev in self.devices.values():
                 held[sorted(dev.recorded_slots())] = True
+            held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names
             return [names[i] for i in np.flatnonzero(held).tolist()]
 

@@ -1,10 +1,15 @@
 """Timers: the elapsed seconds of a block (or of each call of a function) as a sample.
 
 On the host the clock is ``time.perf_counter``. For a CUDA device, two CUDA
-events bracket the block on the current stream; they are read when the
-metrics are next computed or synced (which copy to the host anyway), so
-timing adds no host sync. Timers nest, and one timer used as a decorator
-times every call, recursive ones included.
+events bracket the block on that device's current stream; nothing reads them
+until the metrics are next computed, synced, merged or encoded (which copy to
+the host anyway): then each end event is waited for and the elapsed time read,
+so timing adds no host sync to the training step. A block that raises still
+records its time.
+
+Timers nest. One ``Timer`` may be entered again inside itself and from
+several threads (each thread keeps its own stack of starts); as a decorator
+it times every call, recursive ones included, and awaits coroutine functions.
 
 >>> import metricsync as ms
 >>> m = ms.Metrics()
@@ -20,6 +25,8 @@ True
 from __future__ import annotations
 
 import functools
+import inspect
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -43,18 +50,37 @@ class Timer:
         self.name = name
         self._record = record
         self._defer = defer
-        self._cuda = _is_cuda(device)
-        self._starts: list[Any] = []  # a stack: the same timer may be entered again inside itself
+        self._cuda = _cuda_device(name, device)  # None: the host clock
+        self._local = threading.local()
+
+    def _start(self) -> Any:
+        if self._cuda is None:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._cuda))
+        return event
+
+    def _stop(self, start: Any) -> None:
+        if self._cuda is None:
+            self._record(self.name, time.perf_counter() - start)
+            return
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self._cuda))
+        self._defer(self.name, functools.partial(_elapsed_seconds, start, end))
+
+    def _starts(self) -> list[Any]:
+        """This thread's open blocks of this timer, innermost last."""
+        starts: list[Any] | None = getattr(self._local, "starts", None)
+        if starts is None:
+            starts = self._local.starts = []
+        return starts
 
     def __enter__(self) -> Timer:
-        if self._cuda:
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._starts.append(event)
-        else:
-            self._starts.append(time.perf_counter())
+        self._starts().append(self._start())
         return self
 
     def __exit__(
@@ -63,28 +89,55 @@ class Timer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        start = self._starts.pop()
-        if not self._cuda:
-            self._record(self.name, time.perf_counter() - start)
-            return
-        import torch
-
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        self._defer(self.name, lambda: start.elapsed_time(end) / 1000.0)  # read later, synced
+        self._stop(self._starts().pop())
 
     def __call__(self, fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
+                start = self._start()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    self._stop(start)
+
+            return timed_coroutine  # type: ignore[return-value]
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            with self:
+            start = self._start()
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                self._stop(start)
 
         return timed  # type: ignore[return-value]
 
 
-def _is_cuda(device: Any) -> bool:
+def _elapsed_seconds(start: Any, end: Any) -> float:
+    """Seconds between two recorded CUDA events, waiting for the end one (read time only)."""
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1000.0
+
+
+def _cuda_device(name: str, device: Any) -> Any:
+    """The CUDA device to time on, or None for the host clock; other devices are refused."""
     if device is None:
-        return False
+        return None
     import torch
 
-    return torch.device(device).type == "cuda"
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise ValueError(
+            f"timer {name!r}: device {str(dev)!r} has no event timing here; give a CUDA "
+            "device, or None (the host clock, which times only the launch of asynchronous work)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"timer {name!r}: device {str(dev)!r} asks for CUDA events but CUDA is not "
+            "available; pass the device of your tensors (None or 'cpu' use the host clock)"
+        )
+    return dev

@@ -234,6 +234,7 @@ _TENSOR_COLLECTIVES: dict[str, tuple[int, str] | None] = {
     "broadcast": (0, "tensor"),
     "all_gather": (1, "tensor"),
     "all_gather_into_tensor": (1, "input_tensor"),
+    "all_gather_single": (1, "input_tensor"),
     "reduce_scatter_tensor": (1, "input"),
     "all_to_all_single": (1, "input"),
     "gather": (0, "tensor"),
