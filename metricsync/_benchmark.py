@@ -175,6 +175,8 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
         for fname, buf in buffers:
             if fname == "all_gather":
                 dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
+            elif fname in ("all_gather_single", "all_gather_into_tensor"):
+                dist.all_gather_single(torch.empty(world * buf.numel(), dtype=buf.dtype), buf)
             else:
                 dist.all_reduce(buf, op=dist.ReduceOp.MAX)
         return None

@@ -32,7 +32,7 @@ from . import _algebra as al
 from ._spec import Spec
 from ._stats import Plan
 
-__all__ = ["GroupState", "Layout", "decode_entries", "encode_entries", "group_state"]
+__all__ = ["GroupState", "Layout", "Placement", "decode_entries", "encode_entries", "group_state"]
 
 _MASK62 = (1 << 62) - 1
 
@@ -40,9 +40,9 @@ _MASK62 = (1 << 62) - 1
 def encode_entries(entries: Iterable[tuple[str, Spec]]) -> bytes:
     """(name, spec) pairs as one block of bytes (see the module docstring)."""
     entries = list(entries)
-    texts: dict[str, int] = {}
-    ids = [texts.setdefault(spec.to_json(), len(texts)) for _, spec in entries]
-    head = json.dumps([list(texts), ids], separators=(",", ":"))
+    distinct: dict[Spec, int] = {}
+    ids = [distinct.setdefault(spec, len(distinct)) for _, spec in entries]
+    head = json.dumps([[spec.to_json() for spec in distinct], ids], separators=(",", ":"))
     return (head + "\n" + "\0".join(name for name, _ in entries)).encode()
 
 
@@ -57,28 +57,38 @@ def decode_entries(blob: bytes) -> list[tuple[str, Spec]]:
     return [(name, specs[i]) for name, i in zip(listed, ids)]
 
 
+def _name_of(entry: tuple[str, Spec]) -> str:
+    return entry[0]
+
+
 class Layout:
     """An agreed, name-sorted list of (name, spec), its fingerprint and derived indexes."""
 
     def __init__(self, entries: Iterable[tuple[str, Spec]]) -> None:
-        self.entries = sorted(entries, key=lambda e: e[0])
+        self.entries = sorted(list(entries), key=_name_of)  # a list first: far faster to sort
         self.names = [name for name, _ in self.entries]
         self.specs = [spec for _, spec in self.entries]
         self.index = {name: i for i, name in enumerate(self.names)}
         self._plan: Plan | None = None
         digest = hashlib.blake2b(encode_entries(self.entries), digest_size=8).digest()
         self.fingerprint = int.from_bytes(digest, "little") & _MASK62
-        exact = np.array([s.across == "exact" for s in self.specs], dtype=bool)
+        # per distinct spec once, then spread to the positions with numpy
+        distinct: dict[Spec, int] = {}
+        ids = np.array([distinct.setdefault(s, len(distinct)) for s in self.specs], dtype=np.intp)
+        kinds = list(distinct)
+        exact = np.array([s.across == "exact" for s in kinds], dtype=bool)[ids]
         self.exact = exact
         self.across = np.flatnonzero(~exact)
         self.first = np.array([self.specs[i].across == "first" for i in self.across], dtype=bool)
         self.agg_rows = [len(self.specs[i].reduce) for i in self.across]
-        self.sketch = [i for i, s in enumerate(self.specs) if s.needs_sketch and exact[i]]
+        sketched = np.array([s.needs_sketch for s in kinds], dtype=bool)
+        self.sketch = np.flatnonzero(sketched[ids] & exact).tolist() if len(ids) else []
         self.sketch_entries = [self.entries[i] for i in self.sketch]
         # per state column, the positions that carry it through a sync
-        carried = np.zeros((al.NCOL_ALL, len(self.specs)), dtype=bool)
-        for i, spec in enumerate(self.specs):
-            carried[list(al.needed_columns(spec)) if exact[i] else [al.DROP], i] = True
+        masks = np.array([al.carries(s) for s in kinds]).reshape(len(kinds), al.NCOL_ALL)
+        carried = masks[ids].T if len(ids) else np.zeros((al.NCOL_ALL, 0), dtype=bool)
+        carried[:, ~exact] = False
+        carried[al.DROP, ~exact] = True
         self.carried = [np.flatnonzero(row) for row in carried]
         self.data_size = int(carried.sum()) + 4 * sum(self.agg_rows)  # float64 words
 
@@ -103,9 +113,12 @@ class Layout:
 
     def extended(self, additions: Iterable[tuple[str, Spec]]) -> Layout:
         """This layout with ``additions`` (new names, or names whose spec they replace)."""
-        merged = dict(self.entries)
-        merged.update(additions)
-        return Layout(merged.items())
+        additions = list(additions)
+        if any(name in self.index for name, _ in additions):  # a spec replaced
+            merged = dict(self.entries)
+            merged.update(additions)
+            return Layout(list(merged.items()))
+        return Layout(self.entries + additions)  # sorted, then a short sorted tail: cheap
 
 
 EMPTY = Layout([])
@@ -121,6 +134,18 @@ class GroupState:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one sync at a time
     # the sketch cells each quantile metric sends: the union of every global range seen
     windows: dict[tuple[str, Spec], tuple[int, int]] = field(default_factory=dict)
+    # (table token, layout fingerprint) -> where a table's slots sit in the layout
+    placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a table's slots sit in a layout (cached per table names and layout)."""
+
+    where: np.ndarray  # per layout position: the table's slot, or len(table)
+    mine: np.ndarray  # per layout position: the table has a slot for the name
+    held: np.ndarray  # ... with the layout's spec
+    covered: bool  # every name of the table is in the layout with the same spec
 
 
 _GROUPS: dict[Hashable, GroupState] = {}

@@ -109,6 +109,10 @@ class HostPending:
             self.fast[name] = buf
         else:
             self.fast[name] = array("d")
+
+    def open_weighted(self, name: str, spec: Spec) -> None:
+        """Give ``name`` a pair of buffers for weighted Python numbers (the fast path)."""
+        if spec.nan != "error" and "last" not in spec.reduce and name not in self.weighted:
             self.weighted[name] = (array("d"), array("d"))
 
     def fits(self, n: int) -> bool:
@@ -165,25 +169,30 @@ class HostPending:
     def take(self, index: Mapping[str, int], consume: bool) -> Batch | None:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
         buffers, else they are read by copy and left as they are."""
-        runs: list[_Run] = []
         now = al.now_us()
+        runs = _Runs()
         kept: list[tuple[str, Any, int]] = []
         for name, old, done in self._retired:
             # the list entry, the loop variable and getrefcount's argument: nobody else holds
             # it, so nobody can append to it any more once it is read
             held = sys.getrefcount(old) > 3
-            n = _read(runs, index[name], old, done, now)
+            n = runs.read(index[name], old, done, now)
             if held or not consume:
                 kept.append((name, old, n if consume else done))
-        for table in (self.fast, self.weighted):
-            for name, buf in list(table.items()):
-                if not len(buf[0] if isinstance(buf, tuple) else buf):
-                    continue
-                if consume:
-                    table[name] = _new_buffer(buf)
-                held = sys.getrefcount(buf) > 3  # the items list, the variable, the argument
-                n = _read(runs, index[name], buf, 0, now)
-                if consume and held:  # a recording thread fetched it before the swap
+        busy = [item for item in self.fast.items() if item[1]]
+        pairs = [item for item in self.weighted.items() if item[1][0]]
+        if consume:
+            for name, buf in busy:
+                self.fast[name] = _new_buffer(buf)
+            for name, _ in pairs:
+                self.weighted[name] = (array("d"), array("d"))
+        for source in (busy, pairs):
+            for name, buf in source:
+                # the list entry, the variable and getrefcount's argument: a recording thread
+                # that fetched the buffer before the swap holds one more
+                held = consume and sys.getrefcount(buf) > 3
+                n = runs.read(index[name], buf, 0, now)
+                if held:
                     kept.append((name, buf, n))
         self._retired = kept
         batch = self._batch(runs)
@@ -192,30 +201,32 @@ class HostPending:
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
-    def _batch(self, runs: list[_Run]) -> Batch | None:
+    def _batch(self, runs: _Runs) -> Batch | None:
         slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in self._meta)
-        if not runs and not len(slots) and not self._rows:
+        if not runs.slot and not len(slots) and not self._rows:
             return None
         used = self._used
-        run_len = np.array([r[4] for r in runs], dtype=np.int64)
-        values = np.concatenate([np.frombuffer(b"".join(r[1] for r in runs)), self._vals[:used]])
+        run_len = np.array(runs.count, dtype=np.int64)
+        values = np.concatenate([np.frombuffer(b"".join(runs.values)), self._vals[:used]])
         length = np.concatenate([run_len, lengths])
         start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
         weights = None
-        if any(r[2] is not None for r in runs) or weighted.any():
+        if runs.weighted or weighted.any():
             own = np.ones(used)
             if self._wts is not None and weighted.any():
                 mine = np.repeat(weighted.astype(bool), lengths)
                 own[mine] = self._wts[:used][mine]
-            joined = b"".join(r[2] if r[2] is not None else _ONE * r[4] for r in runs)
+            joined = b"".join(
+                w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
+            )
             weights = np.concatenate([np.frombuffer(joined), own])
         batch = Batch(
             values,
             weights,
-            np.concatenate([np.array([r[0] for r in runs], dtype=np.int64), slots]),
+            np.concatenate([np.array(runs.slot, dtype=np.int64), slots]),
             start,
             length,
-            np.concatenate([np.array([r[3] for r in runs]), stamps]),
+            np.concatenate([np.array(runs.stamp, dtype=np.float64), stamps]),
         )
         if self._rows:
             batch.rows = np.stack([row for _, row, _, _ in self._rows], axis=1)
@@ -225,25 +236,46 @@ class HostPending:
         return batch
 
 
-#: ``(slot, float64 bytes, weight bytes or None, stamp, count)`` of a buffer's numbers
-_Run = tuple[int, bytes, "bytes | None", float, int]
 _ONE = np.ones(1).tobytes()
 
 
-def _read(out: list[_Run], slot: int, buf: Any, done: int, now: float) -> int:
-    """Append ``buf``'s numbers past ``done`` to ``out`` (a copy taken in one call, so an
-    append elsewhere neither fails nor slips in between); return how many it holds."""
-    if isinstance(buf, tuple):  # another thread may be between its two appends: min length
-        values, weights = buf[0].tobytes(), buf[1].tobytes()
-        n = min(len(values), len(weights)) // 8
+class _Runs:
+    """Buffered numbers read out as runs: bytes, count, slot and time of each."""
+
+    __slots__ = ("count", "slot", "stamp", "values", "weighted", "weights")
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+        self.weights: list[bytes | None] = []
+        self.count: list[int] = []
+        self.slot: list[int] = []
+        self.stamp: list[float] = []
+        self.weighted = False
+
+    def read(self, slot: int, buf: Any, done: int, now: float) -> int:
+        """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
+        elsewhere neither fails nor slips in between); return how many it holds."""
+        if isinstance(buf, tuple):  # another thread may be between its two appends
+            values, weights = buf[0].tobytes(), buf[1].tobytes()
+            n = min(len(values), len(weights)) // 8
+            if n > done:
+                self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done)
+            return n
+        data = buf.tobytes()
+        n = len(data) // 8
         if n > done:
-            out.append((slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done))
+            self._add(
+                slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
+            )
         return n
-    data = buf.tobytes()
-    n = len(data) // 8
-    if n > done:
-        out.append((slot, data[8 * done :], None, getattr(buf, "stamp", now), n - done))
-    return n
+
+    def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
+        self.values.append(values)
+        self.weights.append(weights)
+        self.weighted |= weights is not None
+        self.count.append(n)
+        self.slot.append(slot)
+        self.stamp.append(stamp)
 
 
 def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
@@ -259,7 +291,8 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
     if runs.any():
         run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
         used = [specs[s] for s in run_slot.tolist()]
-        need = set().union(*(al.needed_columns(spec) for spec in used))
+        distinct = {id(spec): spec for spec in used}.values()
+        need = set().union(*(al.needed_columns(spec) for spec in distinct))
         x, w = batch.values, batch.weights
         if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
             take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)

@@ -101,7 +101,9 @@ def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     for i, rows in zip(layout.across.tolist(), layout.agg_rows):
         agg_of[i] = aggs[at : at + rows].copy()
         at += rows
-    return StateTable.from_parts(layout.names, layout.specs, state, aggs=agg_of, index=layout.index)
+    return StateTable.from_parts(
+        layout.names, layout.specs, state, aggs=agg_of, index=layout.index, plan=layout.plan
+    )
 
 
 def sketch_windows(layout: Layout, merged: StateTable) -> list[tuple[int, int]]:

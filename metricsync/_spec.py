@@ -24,6 +24,7 @@ from ._errors import SpecMismatchError
 
 __all__ = [
     "ACROSS_MODES",
+    "canonical",
     "MAX_FMT_NUMBER",
     "MAX_STATS",
     "NAN_POLICIES",
@@ -120,6 +121,7 @@ class Spec:
     """
 
     __slots__ = (
+        "_hash",
         "_key",
         "accuracy",
         "across",
@@ -134,6 +136,7 @@ class Spec:
     )
 
     _key: tuple[Any, ...]
+    _hash: int
     reduce: tuple[str, ...]
     across: str
     fmt: str | None
@@ -226,15 +229,16 @@ class Spec:
             extras["argrank"] = True
         key = (stats, across, self.fmt, nan, accuracy)
         setattr_(self, "_key", (*key, tuple(sorted(extras.items()))) if extras else key)
+        setattr_(self, "_hash", hash(self._key))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Spec is immutable")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Spec) and self._key == other._key
+        return self is other or (isinstance(other, Spec) and self._key == other._key)
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return self._hash
 
     def __repr__(self) -> str:
         reduce: object = self.reduce[0] if len(self.reduce) == 1 else self.reduce
@@ -300,14 +304,31 @@ class Spec:
             or not set(extras) <= {"ddof", "quantile_method", "argrank"}
         ):
             raise ValueError(f"not a spec: {text[:80]!r}")
-        return cls(tuple(stats), across=across, fmt=fmt, nan=nan, accuracy=accuracy, **extras)
+        return canonical(
+            cls(tuple(stats), across=across, fmt=fmt, nan=nan, accuracy=accuracy, **extras)
+        )
 
 
 def _spec_from_json(text: str) -> Spec:
     return Spec.from_json(text)
 
 
-DEFAULT_SPEC = Spec()
+_CANONICAL: dict[Spec, Spec] = {}
+_CANONICAL_LIMIT = 4096
+
+
+def canonical(spec: Spec) -> Spec:
+    """The one shared instance of specs equal to ``spec``: equal specs then compare by identity,
+    which keeps layouts of many metrics cheap to build and compare."""
+    found = _CANONICAL.get(spec)
+    if found is None:
+        if len(_CANONICAL) >= _CANONICAL_LIMIT:  # a bound, should a program make endless specs
+            _CANONICAL.clear()
+        found = _CANONICAL[spec] = spec
+    return found
+
+
+DEFAULT_SPEC = canonical(Spec())
 
 
 class SpecTable:
@@ -370,9 +391,9 @@ class SpecTable:
             self._ordered_globs = list(self._ordered_globs)
             self._shared = False
         if self.is_glob(key):
-            self._globs[key] = spec
+            self._globs[key] = canonical(spec)
         else:
-            self._exact[key] = spec
+            self._exact[key] = canonical(spec)
         return True
 
     def _sort_globs(self) -> None:

@@ -19,6 +19,7 @@ usually few, are combined one by one).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -44,39 +45,39 @@ def _code(stat: str) -> int:
     return _QUANTILE if q is not None else _CODE[stat]
 
 
+@cache
+def _shape(spec: Spec) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, float], ...]]:
+    """A spec's key suffixes, statistic codes and (offset, q) of its quantiles."""
+    suffixes = [s[1:] for s in spec.output_keys("_")] + [s[1:] for s in spec.extra_keys("_")]
+    codes = [_code(stat) for stat in spec.reduce]
+    quantiles = tuple(
+        (i, q)
+        for i, (c, q) in enumerate(zip(codes, map(quantile_of, spec.reduce)))
+        if c == _QUANTILE and q is not None
+    )
+    codes += ([_MAX_RANK, _MIN_RANK] if spec.argrank else []) + (
+        [_DROPPED] if spec.nan == "ignore" else []
+    )
+    return tuple(suffixes), tuple(codes), quantiles
+
+
 class Plan:
     """Every output key of ``(names, specs)`` with its slot and statistic code."""
 
     def __init__(self, names: Sequence[str], specs: Sequence[Spec]) -> None:
-        keys: list[str] = []
-        slots: list[int] = []
-        codes: list[int] = []
-        self.quantiles: dict[int, list[tuple[int, float]]] = {}  # slot -> (key position, q)
-        self.across: list[int] = []
-        starts: list[int] = []
-        for slot, (name, spec) in enumerate(zip(names, specs)):
-            starts.append(len(keys))
-            if spec.across != "exact":
-                self.across.append(slot)
-            for key, stat in zip(spec.output_keys(name), spec.reduce):
-                code = _code(stat)
-                if code == _QUANTILE:
-                    q = quantile_of(stat)
-                    assert q is not None
-                    self.quantiles.setdefault(slot, []).append((len(keys), q))
-                keys.append(key)
-                slots.append(slot)
-                codes.append(code)
-            extra = spec.extra_keys(name)
-            keys += extra
-            slots += [slot] * len(extra)
-            codes += ([_MAX_RANK, _MIN_RANK] if spec.argrank else []) + (
-                [_DROPPED] if spec.nan == "ignore" else []
-            )
-        self.keys = keys
-        self.slots = np.array(slots, dtype=np.intp)
-        self.codes = np.array(codes, dtype=np.intp)
-        self.starts = np.array(starts, dtype=np.intp)  # each slot's first key
+        shapes = {spec: _shape(spec) for spec in {id(s): s for s in specs}.values()}
+        per = [shapes[spec] for spec in specs]
+        self.keys = [name + sfx for name, shape in zip(names, per) for sfx in shape[0]]
+        counts = [len(shape[0]) for shape in per]
+        self.codes = np.array([c for shape in per for c in shape[1]], dtype=np.intp)
+        self.slots = np.repeat(np.arange(len(counts), dtype=np.intp), counts)
+        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
+        self.across: list[int] = [i for i, spec in enumerate(specs) if spec.across != "exact"]
+        self.quantiles: dict[int, list[tuple[int, float]]] = {
+            slot: [(int(self.starts[slot]) + i, q) for i, q in shape[2]]
+            for slot, shape in enumerate(per)
+            if shape[2]
+        }  # slot -> (key position, q)
         self.n = len(names)
 
 

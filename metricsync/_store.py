@@ -147,6 +147,8 @@ class Store:
             n = len(values)
             if not n:
                 return
+            if n == 1 and w is not None:  # a weighted number: its next ones take the fast path
+                self.pending.open_weighted(name, spec)
             stamp = al.now_us()
             if not self.pending.fits(n if n <= ARRIVAL_MIN else 0):
                 self.flush()

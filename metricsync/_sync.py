@@ -40,7 +40,7 @@ import numpy as np
 
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
-from ._layout import Layout, decode_entries, encode_entries, group_state
+from ._layout import GroupState, Layout, Placement, decode_entries, encode_entries, group_state
 from ._reduce import (
     HEADER,
     merge_ranks,
@@ -204,9 +204,8 @@ def _agree_and_merge(
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     layout = state.layout
     for attempt in range(2):
-        where = positions(table, layout)
-        mine = where < len(table)
-        covered = int(mine.sum()) == len(table) and layout.covers(table.names, table.specs)
+        placed = _placement(state, table, layout)
+        where, mine, covered = placed.where, placed.mine, placed.covered
         flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
         agreed = [state.windows.get(entry, _NO_WINDOW) for entry in layout.sketch_entries]
         if covered and not within_windows(table, layout, where, agreed):
@@ -220,8 +219,7 @@ def _agree_and_merge(
             dtype=np.int64,
         )
         # which layout entries this rank holds, and which its rules declare otherwise
-        held = mine & _same_specs(table, layout, where)
-        bits = np.packbits(np.concatenate([held, _declared_otherwise(rules, layout, mine)]))
+        bits = np.packbits(np.concatenate([placed.held, _declared_otherwise(rules, layout, mine)]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
         size = layout.data_size + sum(hi - lo + 2 for lo, hi in agreed)
         if flags & ~_WINDOW:
@@ -290,13 +288,24 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
         )
 
 
-def _same_specs(table: StateTable, layout: Layout, where: np.ndarray) -> np.ndarray:
-    """Per layout position: this rank's slot for it has the layout's spec."""
+def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placement:
+    """Where ``table``'s slots sit in ``layout`` (cached while the table's names stay)."""
+    key = (table.token, layout.fingerprint)
+    hit = state.placed.get(key)
+    if hit is not None:
+        return hit
+    where = positions(table, layout)
+    n = len(table)
+    mine = where < n
     specs = table.specs
-    n = len(specs)
-    return np.array(
+    held = np.array(
         [w < n and specs[w] == s for w, s in zip(where.tolist(), layout.specs)], dtype=bool
     )
+    covered = int(mine.sum()) == n and int(held.sum()) == n
+    if len(state.placed) >= 8:
+        state.placed.pop(next(iter(state.placed)))
+    placed = state.placed[key] = Placement(where, mine, held, covered)
+    return placed
 
 
 def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> np.ndarray:

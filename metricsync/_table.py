@@ -28,7 +28,7 @@ from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
 from ._errors import SpecMismatchError
 from ._sketch import sketch_layout
-from ._spec import Spec
+from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
 
 __all__ = ["StateTable", "identity"]
@@ -45,7 +45,8 @@ class StateTable:
         self.sketches: dict[int, np.ndarray] = {}
         self.aggs: dict[int, np.ndarray] = {}
         self._plan: Plan | None = None
-        self._shared = False  # names/index/specs are shared with a sync layout
+        self._shared = False  # names/index/specs are shared with a copy or a sync layout
+        self.token = object()  # stands for these names and specs; replaced when they change
         self._blank = True  # every slot holds the identity state
 
     @classmethod
@@ -98,6 +99,7 @@ class StateTable:
         slot = len(self.names)
         if slot == self.cols.shape[1]:
             self.cols = np.concatenate([self.cols, identity(slot)], axis=1)
+        spec = canonical(spec)
         self.names.append(name)
         self.index[name] = slot
         self.specs.append(spec)
@@ -107,12 +109,13 @@ class StateTable:
     def respec(self, slot: int, spec: Spec) -> None:
         """Give ``slot`` another spec; its state starts over."""
         self._unshare()
-        self.specs[slot] = spec
+        spec = self.specs[slot] = canonical(spec)
         self.cols[:, slot] = IDENTITY
         self._configure(slot, spec)
 
     def _configure(self, slot: int, spec: Spec) -> None:
         self._plan = None
+        self.token = object()
         self.sketches.pop(slot, None)
         if spec.needs_sketch:
             self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
@@ -211,14 +214,16 @@ class StateTable:
     def copy(self) -> StateTable:
         """An independent copy."""
         table = StateTable.from_parts(
-            list(self.names),
-            list(self.specs),
+            self.names,  # shared, copied on the first change on either side
+            self.specs,
             self.state.copy(),
             {k: v.copy() for k, v in self.sketches.items()},
             {k: v.copy() for k, v in self.aggs.items()},
+            index=self.index,
             plan=self.plan(),  # built once for these names, not once per copy
         )
-        table._shared, table._blank = False, self._blank
+        self._shared = True
+        table._blank, table.token = self._blank, self.token
         return table
 
     def reset(self) -> None:
