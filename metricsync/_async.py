@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from ._errors import SyncError
-from ._spec import SpecTable
+from ._rules import SpecTable
 from ._store import Store
 from ._table import StateTable
 

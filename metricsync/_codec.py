@@ -51,8 +51,9 @@ import numpy as np
 from . import _algebra as al
 from ._across import ACOL
 from ._errors import CodecError, MetricsyncError
+from ._rules import SpecTable
 from ._sketch import sketch_layout
-from ._spec import Spec, SpecTable
+from ._spec import Spec
 from ._table import StateTable
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]

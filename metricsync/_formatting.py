@@ -150,3 +150,24 @@ def format_line(values: Mapping[str, float], fmts: Mapping[str, str | None]) -> 
     ''
     """
     return "  ".join(f"{key}={format_value(value, fmts.get(key))}" for key, value in values.items())
+
+
+def numbers_of(values: object) -> dict[str, float]:
+    """A mapping of keys to numbers as floats; ``TypeError`` naming the key otherwise.
+
+    >>> numbers_of({"loss": 1})
+    {'loss': 1.0}
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"format() takes a mapping of keys to numbers, got {type(values).__name__}")
+    checked = {}
+    for key, value in values.items():
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            checked[key] = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(
+                f"metric {key!r}: expected a number to format, got {type(value).__name__}"
+            ) from None
+    return checked

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._sketch import SketchLayout
+from ._sketch import SketchLayout, sketch_layout
+from ._table import StateTable
 
-__all__ = ["Histogram", "sketch_histogram"]
+__all__ = ["Histogram", "sketch_histogram", "table_histograms"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,14 @@ def sketch_histogram(
         sum=float((kept * mids).sum()),
         sum_squares=float((kept * mids * mids).sum()),
     )
+
+
+def table_histograms(table: StateTable) -> dict[str, Histogram]:
+    """The histogram of every sketch of ``table`` holding finite samples, by metric name."""
+    out = {}
+    for slot, cells in table.sketches.items():
+        layout = sketch_layout(table.specs[slot].accuracy)
+        hist = sketch_histogram(layout, cells, *table.extremes(slot))
+        if hist is not None:
+            out[table.names[slot]] = hist
+    return out

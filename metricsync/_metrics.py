@@ -29,11 +29,11 @@ import numpy as np
 
 from . import _codec, _convert
 from ._errors import CodecError
-from ._formatting import format_line
-from ._histogram import Histogram, sketch_histogram
+from ._formatting import format_line, numbers_of
+from ._histogram import Histogram, table_histograms
 from ._pending import FAST_LIMIT
-from ._sketch import sketch_layout
-from ._spec import Spec, SpecTable
+from ._rules import SpecTable
+from ._spec import Spec
 from ._store import Store
 
 __all__ = ["Metrics", "merge"]
@@ -216,14 +216,7 @@ class Metrics:
         >>> h.total, float(h.edges[0]), float(h.edges[-1])
         (4.0, 16.0, 4096.0)
         """
-        table = self._store.snapshot()
-        out = {}
-        for slot, cells in table.sketches.items():
-            layout = sketch_layout(table.specs[slot].accuracy)
-            hist = sketch_histogram(layout, cells, *table.extremes(slot))
-            if hist is not None:
-                out[table.names[slot]] = hist
-        return out
+        return table_histograms(self._store.snapshot())
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
@@ -236,24 +229,7 @@ class Metrics:
 
     def format(self, values: Mapping[str, float] | None = None) -> str:
         """One human line, each value in its spec's format (computes first when ``values`` is None)."""
-        if values is None:
-            values = self.compute()
-        elif not isinstance(values, Mapping):
-            raise TypeError(
-                f"format() takes a mapping of keys to numbers, got {type(values).__name__}"
-            )
-        else:
-            checked = {}
-            for key, value in values.items():
-                try:
-                    if isinstance(value, (str, bytes)):
-                        raise TypeError
-                    checked[key] = float(value)
-                except (TypeError, ValueError, OverflowError):
-                    raise TypeError(
-                        f"metric {key!r}: expected a number to format, got {type(value).__name__}"
-                    ) from None
-            values = checked
+        values = self.compute() if values is None else numbers_of(values)
         return format_line(values, self.key_formats())
 
     # -------------------------------------------------------------- lifecycle
@@ -308,7 +284,7 @@ class Metrics:
     def copy(self) -> Metrics:
         """An independent copy (specs and state)."""
         store = self._store
-        return Metrics._from_store(Store(store.rules.copy(), store.snapshot().copy()))
+        return self._from_store(Store(store.rules.copy(), store.snapshot().copy()))
 
     # ---------------------------------------------------- bytes, checkpoints
 
@@ -350,7 +326,7 @@ class Metrics:
         from ._sync import sync
 
         return sync(
-            self._store, group=group, timeout=timeout, async_op=async_op, wrap=Metrics._from_store
+            self._store, group=group, timeout=timeout, async_op=async_op, wrap=self._from_store
         )
 
 

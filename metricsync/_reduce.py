@@ -31,7 +31,8 @@ from . import _algebra as al
 from ._across import ACOL, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import identity
 from ._layout import Layout
-from ._sketch import sketch_layout, window
+from ._quantile import window
+from ._sketch import sketch_layout
 from ._table import StateTable
 
 __all__ = [

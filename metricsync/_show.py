@@ -32,7 +32,8 @@ from typing import TextIO
 
 from ._formatting import format_value
 from ._logfile import Formats, match_keys, parse_record, resolve_log_path
-from ._logread import ReadStats, lines_forward, read_timeline, scan, tail
+from ._logread import ReadStats, lines_forward, read_timeline, scan
+from ._logtail import tail
 from ._progress import Progress
 from ._render import (
     GrowingTable,

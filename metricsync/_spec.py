@@ -1,8 +1,8 @@
 """Metric specs: which statistics a name reports, how ranks combine, how values print.
 
-A :class:`Spec` is an immutable, hashable value. A :class:`SpecTable` maps
-names to specs by exact name first, then by the longest matching glob, then the
-default ``Spec()``.
+A :class:`Spec` is an immutable, hashable value; equal specs can share one
+instance (:func:`canonical`). Which spec a name gets is
+:mod:`metricsync._rules`' business.
 
 >>> import metricsync as ms
 >>> ms.Spec("max") == ms.Spec(("max",))
@@ -13,14 +13,11 @@ True
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
-
-from ._errors import SpecMismatchError
 
 __all__ = [
     "ACROSS_MODES",
@@ -30,8 +27,8 @@ __all__ = [
     "NAN_POLICIES",
     "PLAIN_STATS",
     "QUANTILE_METHODS",
+    "DEFAULT_SPEC",
     "Spec",
-    "SpecTable",
     "quantile_of",
 ]
 
@@ -329,97 +326,3 @@ def canonical(spec: Spec) -> Spec:
 
 
 DEFAULT_SPEC = canonical(Spec())
-
-
-class SpecTable:
-    """Specs by exact name and by glob; resolution: exact, then longest glob, then default.
-
-    >>> table = SpecTable({"timing/*": Spec("max"), "timing/gen": Spec("sum")})
-    >>> table.resolve("timing/step"), table.resolve("timing/gen"), table.resolve("loss")
-    (Spec('max'), Spec('sum'), Spec('mean'))
-    """
-
-    def __init__(self, rules: dict[str, Spec] | None = None) -> None:
-        self._exact: dict[str, Spec] = {}
-        self._globs: dict[str, Spec] = {}
-        self._ordered_globs: list[tuple[str, Spec]] = []
-        self._shared = False
-        for key, spec in (rules or {}).items():
-            self.add(key, spec)
-
-    @staticmethod
-    def is_glob(key: str) -> bool:
-        """Whether ``key`` holds glob characters (``*``, ``?`` or ``[``)."""
-        return any(ch in key for ch in "*?[")
-
-    def rules(self) -> Iterator[tuple[str, Spec]]:
-        """Every (name or glob, spec) rule, exact names first."""
-        yield from self._exact.items()
-        yield from self._globs.items()
-
-    def rule_for(self, key: str) -> Spec | None:
-        """The spec defined for exactly this name or glob, if any."""
-        return self._globs.get(key) if self.is_glob(key) else self._exact.get(key)
-
-    def add(self, key: str, spec: Spec) -> None:
-        """Add a rule; ``SpecMismatchError`` if the same key already has another spec."""
-        if self._put(key, spec) and self.is_glob(key):
-            self._sort_globs()
-
-    def add_all(self, rules: list[tuple[str, Spec]]) -> None:
-        """Add many rules, sorting the globs once; a key given twice raises ``ValueError``."""
-        if len({key for key, _ in rules}) != len(rules):
-            raise ValueError("a rule is given twice")
-        if any([self._put(key, spec) and self.is_glob(key) for key, spec in rules]):
-            self._sort_globs()
-
-    def _put(self, key: str, spec: Spec) -> bool:
-        """Store a rule without sorting the globs; whether it is new."""
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"a metric name or glob must be a non-empty string, got {key!r}")
-        if not isinstance(spec, Spec):
-            raise TypeError(f"expected a metricsync.Spec for {key!r}, got {type(spec).__name__}")
-        old = self.rule_for(key)
-        if old is not None and old != spec:
-            raise SpecMismatchError(
-                f"{key!r} is already defined as {old!r}; cannot redefine as {spec!r}"
-            )
-        if old is not None:
-            return False
-        if self._shared:  # detach from the tables this one was copied from or to
-            self._exact, self._globs = dict(self._exact), dict(self._globs)
-            self._ordered_globs = list(self._ordered_globs)
-            self._shared = False
-        if self.is_glob(key):
-            self._globs[key] = canonical(spec)
-        else:
-            self._exact[key] = canonical(spec)
-        return True
-
-    def _sort_globs(self) -> None:
-        self._ordered_globs = sorted(self._globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
-
-    def resolve(self, name: str) -> Spec:
-        """The spec for ``name``: exact rule, else the longest matching glob, else ``Spec()``."""
-        return self.explicit(name) or DEFAULT_SPEC
-
-    def explicit(self, name: str) -> Spec | None:
-        """The spec a rule gives ``name``, or None where only the default applies."""
-        spec = self._exact.get(name)
-        if spec is None:  # a declared name such as "acc[top1]" is stored as a glob: itself first
-            spec = self._globs.get(name)
-        if spec is not None:
-            return spec
-        for pattern, glob_spec in self._ordered_globs:
-            if fnmatch.fnmatchcase(name, pattern):
-                return glob_spec
-        return None
-
-    def copy(self) -> SpecTable:
-        """An independent copy (copy-on-write: the rules are copied at the first ``add``)."""
-        table = SpecTable()
-        table._exact = self._exact
-        table._globs = self._globs
-        table._ordered_globs = self._ordered_globs
-        table._shared = self._shared = True
-        return table

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import _algebra as al
 from ._across import combine, fold_rank
-from ._sketch import query, sketch_layout
+from ._quantile import query
+from ._sketch import sketch_layout
 from ._spec import Spec, quantile_of
 
 __all__ = ["Plan", "compute", "local_values"]

@@ -30,7 +30,8 @@ from ._convert import as_torch, host_mask, host_values, host_weights
 from ._errors import SpecMismatchError
 from ._fold import reduce_record
 from ._pending import Batch, HostPending, fold
-from ._spec import Spec, SpecTable
+from ._rules import SpecTable
+from ._spec import Spec
 from ._table import StateTable
 
 __all__ = ["Store"]

@@ -51,7 +51,7 @@ from ._reduce import (
     sum_cells,
     within_windows,
 )
-from ._spec import SpecTable
+from ._rules import SpecTable
 from ._store import Store
 from ._table import StateTable
 

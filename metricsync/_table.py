@@ -21,6 +21,7 @@ through it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,13 +32,28 @@ from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
 
-__all__ = ["StateTable", "identity"]
+__all__ = ["Parts", "StateTable", "identity"]
+
+
+@dataclass
+class Parts:
+    """What a :class:`StateTable` is made of, for building one from existing state."""
+
+    names: list[str]
+    specs: list[Spec]
+    cols: np.ndarray
+    sketches: Mapping[int, np.ndarray] | None = None
+    aggs: Mapping[int, np.ndarray] | None = None
+    index: dict[str, int] | None = None
+    plan: Plan | None = None  # the Plan of exactly these names and specs
+    blank: bool = False  # every column holds the identity state
+    token: object | None = None  # the token of the table these names come from
 
 
 class StateTable:
     """Mergeable state of named metrics; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, parts: Parts | None = None) -> None:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.specs: list[Spec] = []
@@ -48,6 +64,24 @@ class StateTable:
         self._shared = False  # names/index/specs are shared with a copy or a sync layout
         self.token = object()  # stands for these names and specs; replaced when they change
         self._blank = True  # every slot holds the identity state
+        if parts is not None:
+            self._adopt(parts)
+
+    def _adopt(self, parts: Parts) -> None:
+        names, specs = parts.names, parts.specs
+        self.names, self.specs, self._plan = names, specs, parts.plan
+        self.index = parts.index if parts.index is not None else {n: i for i, n in enumerate(names)}
+        self.cols = parts.cols if parts.cols.shape[1] else identity(8)
+        self.sketches = dict(parts.sketches or {})
+        self.aggs = dict(parts.aggs or {})
+        self._shared, self._blank = True, parts.blank
+        if parts.token is not None:
+            self.token = parts.token
+        for slot, spec in enumerate(specs):
+            if spec.needs_sketch and slot not in self.sketches:
+                self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
+            if spec.across != "exact" and slot not in self.aggs:
+                self.aggs[slot] = empty_aggregate(len(spec.reduce))
 
     @classmethod
     def from_parts(
@@ -64,21 +98,7 @@ class StateTable:
 
         ``plan``, if given, is the :class:`Plan` of exactly these names and specs.
         """
-        table = cls()
-        table._plan = plan
-        table.names, table.specs = names, specs
-        table.index = index if index is not None else {n: i for i, n in enumerate(names)}
-        table.cols = cols if cols.shape[1] else identity(8)
-        table.sketches = dict(sketches or {})
-        table.aggs = dict(aggs or {})
-        table._shared = True
-        table._blank = False
-        for slot, spec in enumerate(specs):
-            if spec.needs_sketch and slot not in table.sketches:
-                table.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
-            if spec.across != "exact" and slot not in table.aggs:
-                table.aggs[slot] = empty_aggregate(len(spec.reduce))
-        return table
+        return cls(Parts(names, specs, cols, sketches, aggs, index, plan))
 
     def __len__(self) -> int:
         return len(self.names)
@@ -213,18 +233,20 @@ class StateTable:
 
     def copy(self) -> StateTable:
         """An independent copy."""
-        table = StateTable.from_parts(
-            self.names,  # shared, copied on the first change on either side
-            self.specs,
-            self.state.copy(),
-            {k: v.copy() for k, v in self.sketches.items()},
-            {k: v.copy() for k, v in self.aggs.items()},
-            index=self.index,
-            plan=self.plan(),  # built once for these names, not once per copy
+        self._shared = True  # the name lists are shared, copied on the first change on either side
+        return StateTable(
+            Parts(
+                self.names,
+                self.specs,
+                self.state.copy(),
+                {k: v.copy() for k, v in self.sketches.items()},
+                {k: v.copy() for k, v in self.aggs.items()},
+                self.index,
+                self.plan(),  # built once for these names, not once per copy
+                self._blank,
+                self.token,
+            )
         )
-        self._shared = True
-        table._blank, table.token = self._blank, self.token
-        return table
 
     def reset(self) -> None:
         """Forget every sample; keep names and specs."""

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metricsync._quantile import query
 from metricsync._sketch import (
     MAX_BYTES,
     MAX_MAGNITUDE,
@@ -20,7 +21,6 @@ from metricsync._sketch import (
     clamped_count,
     ingest_numpy,
     ingest_torch,
-    query,
     sketch_layout,
 )
 

@@ -7,7 +7,8 @@ import pickle
 import pytest
 
 import metricsync as ms
-from metricsync._spec import SpecTable, quantile_of
+from metricsync._rules import SpecTable
+from metricsync._spec import quantile_of
 
 # ------------------------------------------------------------------ values
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .._formatting import check_fmt
 from .._logfile import LOG_NAME, header_record, step_record
-from .._logread import resume_point
+from .._logtail import resume_point
 
 __all__ = ["COMPLETE_EVERY", "JsonlBackend"]
 

@@ -385,7 +385,7 @@ def test_quantile_slots_need_their_sketch_bytes_before_anything_is_allocated() -
 
 def test_many_glob_rules_decode_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Globs are sorted once per decode, not once per rule (which was quadratic)."""
-    from metricsync._spec import SpecTable
+    from metricsync._rules import SpecTable
 
     sorts: list[int] = []
     original = SpecTable._sort_globs

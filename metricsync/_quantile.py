@@ -1,0 +1,131 @@
+"""Quantiles and cell windows from sketch cells (see :mod:`metricsync._sketch`).
+
+:func:`query` answers quantiles of many sketches at once, by numpy's linear
+definition or nearest rank; :func:`window` gives the cells samples in a value
+range can occupy, which a sync sends instead of a whole sketch.
+
+>>> import numpy as np
+>>> from metricsync._sketch import ingest_numpy, sketch_layout
+>>> layout = sketch_layout(0.01)
+>>> cells = ingest_numpy(layout, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+>>> query(layout, cells[None], [0.5], np.array([1.0]), np.array([5.0]), "linear").round(2)
+array([[2.97]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+
+from ._sketch import SketchLayout, cells_numpy
+
+__all__ = ["query", "window"]
+
+
+@cache
+def _representatives(layout: SketchLayout) -> np.ndarray:
+    """Answer of each value-ordered cell ``[0, nan_cell)``: -inf, buckets, 0, buckets, +inf."""
+    idx = np.arange(layout.min_index, layout.max_index + 1, dtype=np.float64)
+    pos = 2.0 * np.exp(idx * layout.ln_gamma) / (layout.gamma + 1.0)
+    reps = np.concatenate([[-np.inf], -pos[::-1], [0.0], pos, [np.inf]])
+    reps.flags.writeable = False
+    return reps
+
+
+def query(
+    layout: SketchLayout,
+    cells: np.ndarray,
+    qs: Sequence[float],
+    vmin: npt.ArrayLike,
+    vmax: npt.ArrayLike,
+    method: str = "inverted_cdf",
+) -> np.ndarray:
+    """Quantiles ``qs`` of ``m`` sketches at once: ``cells`` (m, n_cells) -> (m, len(qs)).
+
+    With total weight ``W`` and ``x_(j)`` the sample at cumulative weight
+    position ``j`` (the first one whose cumulative weight exceeds ``j``):
+
+    - ``"inverted_cdf"`` (nearest rank): the first sample whose cumulative
+      weight reaches ``q * W``; unweighted, ``x_(ceil(q*n) - 1)``;
+    - ``"linear"`` (numpy's default): with ``h = q * (W - 1)``,
+      ``x_(floor h) + (h - floor h) * (x_(ceil h) - x_(floor h))``.
+
+    Each ``x_(j)`` is the representative of its bucket, within relative error
+    ``accuracy`` (exact for zeros and infinities; unbounded for clamped
+    samples), so a ``linear`` answer between two samples of one sign is within
+    ``accuracy`` of numpy's too. Answers are clipped into the exact
+    ``[vmin, vmax]`` the caller tracks; ``q = 0`` and ``q = 1`` return them
+    exactly. Rows with zero total weight, or any weight on NaN, give NaN. A
+    1-D ``cells`` gives a 1-D result.
+
+    >>> from metricsync._sketch import ingest_numpy, sketch_layout
+    >>> layout = sketch_layout()
+    >>> cells = np.stack([ingest_numpy(layout, np.arange(1.0, 101.0)), np.zeros(layout.n_cells)])
+    >>> query(layout, cells, [0.0, 0.5, 0.99, 1.0], np.array([1.0, 0.0]), np.array([100.0, 0.0])).round(2)
+    array([[  1. ,  49.9,  98.5, 100. ],
+           [  nan,   nan,   nan,   nan]])
+    >>> query(layout, cells[0], [0.5], 1.0, 100.0, method="linear").round(2)
+    array([50.41])
+    """
+    if method not in ("inverted_cdf", "linear"):
+        raise ValueError(f"method must be 'inverted_cdf' or 'linear', got {method!r}")
+    c = np.asarray(cells, dtype=np.float64)
+    if c.shape[-1:] != (layout.n_cells,) or c.ndim > 2:
+        raise ValueError(f"sketch cells must have shape (m, {layout.n_cells}), got {c.shape}")
+    one_row = c.ndim == 1
+    c = c.reshape(-1, layout.n_cells)
+    q = np.asarray(qs, dtype=np.float64).reshape(-1)
+    if not np.all((q >= 0.0) & (q <= 1.0)):
+        raise ValueError(f"quantiles must lie in [0, 1], got {list(qs)}")
+    lo = np.broadcast_to(np.asarray(vmin, dtype=np.float64).reshape(-1), (c.shape[0],))
+    hi = np.broadcast_to(np.asarray(vmax, dtype=np.float64).reshape(-1), (c.shape[0],))
+    first_cell, end = 0, layout.nan_cell
+    if np.isfinite(lo).all() and np.isfinite(hi).all() and len(lo):
+        # every sample lies in [vmin, vmax]: the cells outside hold nothing
+        first_cell = window(layout, float(lo.min()), float(lo.min()))[0]
+        end = max(window(layout, float(hi.max()), float(hi.max()))[1], first_cell + 1)
+    cum = np.cumsum(c[:, first_cell:end], axis=1)
+    total = cum[:, -1]
+    reps = _representatives(layout)[first_cell:end]
+    last = end - first_cell - 1
+    out = np.empty((c.shape[0], q.size))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j, qj in enumerate(q):
+            if method == "inverted_cdf":
+                first = np.count_nonzero(cum < (qj * total)[:, None], axis=1)
+                out[:, j] = reps[np.minimum(first, last)]
+                continue
+            h = np.maximum(qj * (total - 1.0), 0.0)
+            below = np.floor(h)
+            frac = np.where(np.isfinite(h), h - below, 0.0)  # infinite weights: no step
+            x0 = reps[np.minimum(np.count_nonzero(cum <= below[:, None], axis=1), last)]
+            x1 = reps[np.minimum(np.count_nonzero(cum <= (below + 1.0)[:, None], axis=1), last)]
+            step = np.where(frac > 0, x1 - x0, 0.0)  # inf - inf: no step to take
+            out[:, j] = x0 + frac * step
+        out = np.minimum(np.maximum(out, lo[:, None]), hi[:, None])
+    out[:, q == 0.0] = lo[:, None]
+    out[:, q == 1.0] = hi[:, None]
+    out[(total <= 0) | (c[:, layout.nan_cell] != 0)] = np.nan
+    return out[0] if one_row else out
+
+
+def window(layout: SketchLayout, vmin: float, vmax: float) -> tuple[int, int]:
+    """The cells ``[lo, hi)`` that samples within ``[vmin, vmax]`` can occupy.
+
+    Every rank computes the same window from the global extremes, so a sync
+    sends only these cells (plus the four side cells past ``pos_inf_cell - 1``:
+    ``-inf`` at 0 is inside when ``vmin`` is ``-inf``).
+
+    >>> from metricsync._sketch import sketch_layout
+    >>> layout = sketch_layout()
+    >>> lo, hi = window(layout, 16.0, 4096.0)
+    >>> hi - lo  # two decades at 1%: 278 cells, 2.2 KB
+    278
+    """
+    if not (vmin <= vmax):  # NaN or no samples: only the side cells
+        return layout.pos_inf_cell, layout.pos_inf_cell
+    ends, _ = cells_numpy(layout, np.array([vmin, vmax], dtype=np.float64))
+    return int(ends[0]), int(ends[1]) + 1
