@@ -29,8 +29,8 @@ else is a ``ValueError`` saying what was expected.
 ...     '{"metricsync": 1, "formats": {"loss": ".3f"}, "time": 0}\\n'
 ...     '{"step": 1, "time": 0, "values": {"loss": 0.5, "gn": "inf"}}\\n'
 ... )
->>> read_jsonl(path)
-({'loss': '.3f'}, [(1, {'loss': 0.5, 'gn': inf})])
+>>> [parse_record(line).values for line in path.read_bytes().splitlines()]
+[{}, {'loss': 0.5, 'gn': inf}]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import fnmatch
 import json
 import math
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -56,7 +55,6 @@ __all__ = [
     "encode_value",
     "header_record",
     "parse_record",
-    "read_jsonl",
     "resolve_log_path",
     "select_keys",
     "step_record",
@@ -262,42 +260,6 @@ def _values(raw: object, field: str, *, strict: bool) -> dict[str, float]:
         except ValueError as exc:
             raise ValueError(f"value of {_short(key)!r}: {exc}") from None
     return values
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> tuple[Formats, Steps]:
-    """Read every record of a JSONL log in file order: ``(formats, [(step, values), ...])``.
-
-    ``formats`` merges every header (later headers win); steps come in file
-    order, a step logged twice appearing twice (the ``show`` and ``plot``
-    commands resolve repeats, see :mod:`metricsync._logread`), values as
-    floats. A torn last line (a process killed mid-write) is skipped with a
-    warning; an invalid line elsewhere raises ``ValueError`` naming the line;
-    a missing file raises ``FileNotFoundError``. ``path`` may also be a run
-    directory. The file is read line by line.
-
-    >>> import tempfile
-    >>> from metricsync._tracker import Tracker
-    >>> run_dir = tempfile.mkdtemp()
-    >>> with Tracker(run_dir=run_dir) as tracker:
-    ...     tracker.log({"loss": float("nan")}, step=1)
-    >>> read_jsonl(run_dir)
-    ({'loss': None}, [(1, {'loss': nan})])
-    """
-    from ._logread import iter_records
-
-    formats: Formats = {}
-    steps: Steps = []
-    file = resolve_log_path(path)
-    for record in iter_records(file, on_torn=lambda why: _warn_torn(file, why)):
-        if record.step is None:
-            formats.update(record.formats)
-        else:
-            steps.append((record.step, record.values))
-    return formats, steps
-
-
-def _warn_torn(file: Path, why: str) -> None:
-    warnings.warn(f"{file}: skipping a torn last line ({why})", RuntimeWarning, stacklevel=4)
 
 
 def header_record(

@@ -29,13 +29,22 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ._logfile import MAX_LINE_BYTES, Formats, Record, TornLine, parse_record
+from ._logfile import (
+    MAX_LINE_BYTES,
+    Formats,
+    Record,
+    Steps,
+    TornLine,
+    parse_record,
+    resolve_log_path,
+)
 
 __all__ = [
     "STEP_PREFIX",
@@ -47,6 +56,7 @@ __all__ = [
     "iter_records",
     "lines_backward",
     "lines_forward",
+    "read_jsonl",
     "read_timeline",
     "scan",
 ]
@@ -287,3 +297,37 @@ def read_timeline(
                     found.overwritten += 1
                 values.update(record.values)
             yield step, values
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> tuple[Formats, Steps]:
+    """Read every record of a JSONL log in file order: ``(formats, [(step, values), ...])``.
+
+    ``formats`` merges every header (later headers win); steps come in file
+    order, a step logged twice appearing twice (the ``show`` and ``plot``
+    commands resolve repeats, see :mod:`metricsync._logread`), values as
+    floats. A torn last line (a process killed mid-write) is skipped with a
+    warning; an invalid line elsewhere raises ``ValueError`` naming the line;
+    a missing file raises ``FileNotFoundError``. ``path`` may also be a run
+    directory. The file is read line by line.
+
+    >>> import tempfile
+    >>> from metricsync._tracker import Tracker
+    >>> run_dir = tempfile.mkdtemp()
+    >>> with Tracker(run_dir=run_dir) as tracker:
+    ...     tracker.log({"loss": float("nan")}, step=1)
+    >>> read_jsonl(run_dir)
+    ({'loss': None}, [(1, {'loss': nan})])
+    """
+    formats: Formats = {}
+    steps: Steps = []
+    file = resolve_log_path(path)
+    for record in iter_records(file, on_torn=lambda why: _warn_torn(file, why)):
+        if record.step is None:
+            formats.update(record.formats)
+        else:
+            steps.append((record.step, record.values))
+    return formats, steps
+
+
+def _warn_torn(file: Path, why: str) -> None:
+    warnings.warn(f"{file}: skipping a torn last line ({why})", RuntimeWarning, stacklevel=4)

@@ -1,7 +1,7 @@
 """The :class:`Tracker`: log computed metrics to several backends, from rank 0 only.
 
 >>> import tempfile
->>> from metricsync._logfile import read_jsonl
+>>> from metricsync._logread import read_jsonl
 >>> run_dir = tempfile.mkdtemp()
 >>> with Tracker(backends=("console", "jsonl"), run_dir=run_dir) as tracker:
 ...     tracker.log({"loss": 0.6931, "lr": 3e-4}, step=1)

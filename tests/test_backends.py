@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync._logfile import read_jsonl
+from metricsync._logread import read_jsonl
 from metricsync._tracker import Tracker
 
 STEPS = [

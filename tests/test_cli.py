@@ -164,7 +164,7 @@ def test_show_csv_and_json_hold_every_value_at_full_precision(log_file: Path) ->
     import io
     import json
 
-    from metricsync._logfile import read_jsonl
+    from metricsync._logread import read_jsonl
 
     _, steps = read_jsonl(log_file)
     keys = ["actor/lr", "actor/pg_loss", "perf/tokens", "timing/step"]

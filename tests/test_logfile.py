@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metricsync._logfile import parse_record, read_jsonl
-from metricsync._logread import ReadStats, read_timeline, scan
+from metricsync._logfile import parse_record
+from metricsync._logread import ReadStats, read_jsonl, read_timeline, scan
 from metricsync._logtail import resume_point, tail
 from metricsync.backends._jsonl import COMPLETE_EVERY, JsonlBackend
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import pytest
 
-from metricsync._logfile import read_jsonl
+from metricsync._logread import read_jsonl
 from metricsync._tracker import Tracker
 from metricsync.backends import (
     ENTRY_POINT_GROUP,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metricsync._logfile import read_jsonl
+from metricsync._logread import read_jsonl
 from metricsync._tracker import Tracker, detect_rank
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch

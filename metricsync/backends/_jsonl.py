@@ -57,7 +57,7 @@ class JsonlBackend:
     with a warning.
 
     >>> import tempfile
-    >>> from metricsync._logfile import read_jsonl
+    >>> from metricsync._logread import read_jsonl
     >>> run_dir = tempfile.mkdtemp()
     >>> for step in (1, 2):
     ...     backend = JsonlBackend(run_dir)   # the second one resumes the file
