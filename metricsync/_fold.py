@@ -108,7 +108,7 @@ def reduce_record(
             row[al.W], row[al.S] = len(x), x.sum(dtype=np.float64)
         else:
             row[al.W], row[al.S] = w.sum(), np.dot(w, x.astype(np.float64, copy=False))
-        if al.MAX in need:
+        if al.MAX in need or al.NEGMIN in need:
             row[al.MAX], row[al.NEGMIN] = x.max(), -x.min()
         if al.LAST in need:
             row[al.LAST], row[al.T] = float(x[-1]), stamp

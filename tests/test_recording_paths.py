@@ -1,0 +1,141 @@
+"""Every recording path gives the same statistics, and numpy's over the raw samples.
+
+The paths: Python numbers (the lock-free buffers), small arrays (buffered),
+large arrays (reduced when recorded), CPU tensors (numpy views, ``float()``
+for 0-d) and the accelerator path (CPU treated as an accelerator: a device
+buffer folded by segment reductions). Hypothesis draws the samples, weights,
+masks, NaN and the spec, including ``ddof``, quantiles and NaN policies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metricsync as ms
+
+torch = pytest.importorskip("torch")
+
+PLAIN = ("mean", "sum", "count", "min", "max", "var", "std", "last")
+FINITE = st.floats(-1e6, 1e6, allow_nan=False, width=32)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[ms.Spec, list[tuple[np.ndarray, np.ndarray | None, bool]]]:
+    nan = draw(st.sampled_from(["propagate", "ignore"]))
+    stats = tuple(draw(st.sets(st.sampled_from((*PLAIN, "p50", "p90")), min_size=1, max_size=4)))
+    spec = ms.Spec(stats, nan=nan, ddof=draw(st.sampled_from([0, 1])))
+    records = []
+    for _ in range(draw(st.integers(1, 5))):
+        big = draw(st.booleans())
+        n = draw(st.integers(300, 600)) if big else draw(st.integers(1, 12))
+        seed = draw(st.integers(0, 2**31))
+        rng = np.random.default_rng(seed)
+        x = rng.normal(10.0, 3.0, size=n)
+        if nan == "ignore" and draw(st.booleans()):
+            x[rng.integers(0, n)] = math.nan
+        kind = draw(st.sampled_from(["none", "weight", "mask"]))
+        w = None
+        if kind == "weight":
+            w = rng.integers(0, 4, size=n).astype(np.float64)
+        elif kind == "mask":
+            w = rng.random(n) < 0.6
+        records.append((x, w, kind == "mask"))
+    return spec, records
+
+
+def _record(m: ms.Metrics, path: str, x: np.ndarray, w: np.ndarray | None, is_mask: bool) -> None:
+    kw: dict[str, Any] = {}
+    if w is not None:
+        kw = {"mask": w} if is_mask else {"weight": w}
+    if path == "numbers":
+        for i, v in enumerate(x.tolist()):
+            if w is None:
+                m.record("v", v)
+            elif is_mask:
+                if w[i]:
+                    m.record("v", v)
+            else:
+                m.record("v", v, weight=float(w[i]))
+    elif path == "numpy":
+        m.record("v", x, **kw)
+    else:  # "tensor" and "device": torch tensors (CPU), the device path differs by a hook
+        tw = {k: torch.from_numpy(np.asarray(v)) for k, v in kw.items()}
+        m.record("v", torch.from_numpy(x), **tw)
+
+
+def _oracle(
+    spec: ms.Spec, records: list[tuple[np.ndarray, np.ndarray | None, bool]]
+) -> dict[str, float]:
+    xs = np.concatenate([x for x, _, _ in records])
+    ws = np.concatenate(
+        [np.ones(len(x)) if w is None else w.astype(np.float64) for x, w, _ in records]
+    )
+    dropped = 0.0
+    if spec.nan == "ignore":
+        bad = ~np.isfinite(xs) & (ws > 0)
+        dropped = float(bad.sum())
+        ws = np.where(bad, 0.0, ws)
+    keep = ws > 0
+    x, w = xs[keep], ws[keep]
+    out: dict[str, float] = {}
+    if not len(x):
+        return {"v/nan_dropped": dropped} if spec.nan == "ignore" and dropped else {}
+    mean = float(np.sum(w * x) / np.sum(w))
+    var = (
+        float(np.sum(w * (x - mean) ** 2) / (np.sum(w) - spec.ddof))
+        if np.sum(w) > spec.ddof
+        else math.nan
+    )
+    values = {
+        "mean": mean, "sum": float(np.sum(w * x)), "count": float(np.sum(w)),
+        "min": float(x.min()), "max": float(x.max()), "var": var,
+        "std": math.sqrt(var) if not math.isnan(var) else math.nan, "last": float(x[-1]),
+    }  # fmt: skip
+    keys = spec.output_keys("v")
+    for key, stat in zip(keys, spec.reduce):
+        out[key] = values.get(stat, math.nan)
+    if spec.nan == "ignore":
+        out["v/nan_dropped"] = dropped
+    return out
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    if a == b:
+        return True
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+@SETTINGS
+@given(cases())
+def test_every_path_agrees_with_the_others_and_with_numpy(
+    case: tuple[ms.Spec, list[tuple[np.ndarray, np.ndarray | None, bool]]],
+) -> None:
+    spec, records = case
+    results = {}
+    for path in ("numbers", "numpy", "tensor", "device"):
+        with pytest.MonkeyPatch.context() as mp:
+            if path == "device":
+                mp.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+            m = ms.Metrics({"v": spec})
+            for x, w, is_mask in records:
+                _record(m, path, x, w, is_mask)
+            results[path] = m.compute()
+    want = _oracle(spec, records)
+    for path, got in results.items():
+        assert got.keys() == want.keys(), (path, got, want)
+        for key, value in got.items():
+            stat = key.rsplit("/", 1)[-1] if "/" in key else spec.reduce[0]
+            if stat in ("p50", "p90"):
+                continue  # checked against numpy in test_quantile_metrics; here: paths agree
+            assert _close(value, want[key], 1e-9), (path, key, value, want[key])
+        for key, value in got.items():  # and every path agrees with the first, quantiles too
+            assert _close(value, results["numpy"][key], 1e-9), (path, key, value)
