@@ -21,6 +21,7 @@ changing anything (:mod:`metricsync._store`).
 from __future__ import annotations
 
 import fnmatch
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -41,6 +42,8 @@ __all__ = ["Metrics", "merge"]
 _FLOAT64 = np.float64
 _INF = float("inf")
 _TENSOR: list[type | None] = [None]  # torch.Tensor, once a tensor was recorded
+_NDARRAY = np.ndarray
+_NUMBER = (float, int)
 _HOST_CPU = _convert.HOST_DEVICE_TYPES  # CPU tensors are host data (tests may swap the set)
 
 
@@ -133,16 +136,32 @@ class Metrics:
             except (KeyError, TypeError, OverflowError):  # not open yet, unhashable, too big
                 pass
         elif cls is _TENSOR[0] and weight is None and mask is None:
-            try:  # float() of a CPU tensor of one element; other tensors take the general path
+            try:  # float() of a 0-d CPU tensor, a numpy view of a small one
                 if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
-                    buf = self._fast[name]
                     if value.requires_grad:
                         value = value.detach()
-                    buf.append(float(value))  # host memory: no device read
+                    if value.dim() == 0:
+                        buf = self._fast[name]
+                        buf.append(float(value))  # host memory: no device read
+                        if len(buf) >= FAST_LIMIT:
+                            self._store.flush()
+                        return
+                    if name in self._fast and self._store.add_small(name, value.numpy()):
+                        return
+            except (KeyError, TypeError, RuntimeError, ValueError):
+                pass
+        elif cls is _NDARRAY and weight is None and mask is None and name in self._fast:
+            if self._store.add_small(name, value):
+                return
+        elif cls is list and weight is None and mask is None:
+            try:  # a list of Python numbers extends the name's number buffer
+                buf = self._fast[name]
+                if buf.__class__ is array and all(v.__class__ in _NUMBER for v in value):
+                    buf.extend(array("d", value))  # converted first: all or nothing
                     if len(buf) >= FAST_LIMIT:
                         self._store.flush()
                     return
-            except (KeyError, TypeError, RuntimeError, ValueError):
+            except (KeyError, TypeError, OverflowError):
                 pass
         self._store.prepare(name, value, weight, mask)()
         if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):

@@ -159,6 +159,18 @@ class Store:
             else:
                 self.pending.add(slot, values, w, stamp)
 
+    def add_small(self, name: str, values: np.ndarray) -> bool:
+        """Buffer a small real array for a name whose number buffer is open (so its spec
+        allows NaN); False when it is not such an array (the general path takes it)."""
+        if values.dtype.kind not in "fiub" or not 0 < values.size <= ARRIVAL_MIN:
+            return False
+        with self.lock:
+            slot = self.table.index[name]
+            if not self.pending.fits(values.size):
+                self.flush()
+            self.pending.add(slot, values.reshape(-1), None, al.now_us())
+        return True
+
     def _apply_number(self, name: str, spec: Spec, number: float) -> None:
         with self.lock:
             slot = self.table.slot(name, spec)
