@@ -194,6 +194,10 @@ def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
     key = _key(dist, group)
     with _LOCK:
         made = _BOOKKEEPING.get(key)
+        if made is not None and not isinstance(made, SyncError) and not _alive(dist, made):
+            made = None  # destroyed with the process groups: make a new one (after a new init)
+            del _BOOKKEEPING[key]
+            _NEXT.pop(key, None)
     if made is None:
         made = _create(dist, group, seconds)
         with _LOCK:
@@ -201,6 +205,15 @@ def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
     if isinstance(made, SyncError):
         raise SyncError(f"metricsync: no bookkeeping group for async syncs: {made}")
     return made
+
+
+def _alive(dist: Any, group: Any) -> bool:
+    """Whether ``group`` is still registered (``destroy_process_group`` forgets every group)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except Exception:
+        return False
+    return True
 
 
 def _create(dist: Any, group: Any, seconds: float | None) -> Any:
@@ -294,7 +307,7 @@ if hasattr(os, "register_at_fork"):
 
 # ------------------------------------------------------------------------ ordering
 
-_NEXT: dict[Hashable, int] = {}  # bookkeeping group -> number of async syncs started on it
+_NEXT: dict[Hashable, int] = {}  # group -> number of async syncs started on its bookkeeping group
 _LAST: weakref.WeakKeyDictionary[Store, dict[Hashable, int]] = weakref.WeakKeyDictionary()
 
 
@@ -351,7 +364,7 @@ def submit(
         side = bookkeeping_group(group, timeout=timeout)
     except SyncError as exc:
         return done_handle(error=exc)
-    tag = _tag(store, _key(dist, side))
+    tag = _tag(store, _key(dist, group))
 
     def job() -> Any:
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)

@@ -15,12 +15,14 @@
 - the Tracker writes async and plain steps in order, with the right values;
 - randomized scenarios (records of every kind, rank-only names, empty ranks,
   records and resets after the call): the async result equals the blocking
-  sync of the same state on the main group, key for key.
+  sync of the same state on the main group, key for key;
+- ``examples/async_logging.py`` runs and logs the steps it should.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -289,3 +291,21 @@ def test_randomized_async_syncs_equal_blocking_syncs(world: int) -> None:
         run_distributed(_scenarios, world, timeout=120, args=(N_SCENARIOS,))
         == [N_SCENARIOS] * world
     )
+
+
+# ----------------------------------------------------------------- example
+
+
+def test_the_async_logging_example_runs(tmp_path: Path) -> None:
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    sys.path.insert(0, examples)  # the ranks import it too
+    try:
+        import async_logging
+
+        assert run_distributed(async_logging.train, 2, args=(9, 3, str(tmp_path))) == [3, 3]
+    finally:
+        sys.path.remove(examples)
+    _, steps = read_jsonl(tmp_path)
+    assert [step for step, _ in steps] == [3, 6, 9]
+    keys = {"loss", "entropy", "response_length/mean", "response_length/max", "response_length/p50"}
+    assert all(set(values) == keys for _, values in steps)

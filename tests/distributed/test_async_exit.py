@@ -6,6 +6,8 @@
   could not write is named in a warning.
 - A rank killed (SIGKILL) right after ``tracker.flush()`` returned leaves
   every step logged before it complete in the JSONL log, in order.
+- A process that destroys its process groups and initializes new ones gets a
+  new bookkeeping group, not the destroyed one.
 
 The bound asserted for the exit is a hang detector (90 s against waits of a
 few seconds), not a speed measurement.
@@ -68,6 +70,18 @@ for step in range(6, 100_000):  # goes on logging until killed
 """
 
 
+REINIT = r"""
+from metricsync.testing import free_port
+dist.destroy_process_group()
+for value in (1.0, 2.0):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    m = ms.Metrics()
+    m.record("x", value)
+    print(m.sync(timeout=60, async_op=True).wait().compute(), flush=True)
+    dist.destroy_process_group()
+"""
+
+
 def _start(script: str, rank: int, world: int, port: int, run_dir: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "always"}
     return subprocess.Popen(
@@ -108,3 +122,10 @@ def test_steps_are_complete_on_disk_once_flush_returned(tmp_path: Path) -> None:
     _, steps = read_jsonl(tmp_path)
     assert len(steps) >= 5
     assert steps == [(step, {"x": float(step)}) for step in range(1, len(steps) + 1)]
+
+
+def test_a_new_init_gets_a_new_bookkeeping_group(tmp_path: Path) -> None:
+    proc = _start(REINIT, 0, 1, free_port(), tmp_path)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert out.splitlines() == ["{'x': 1.0}", "{'x': 2.0}"]
