@@ -1,8 +1,9 @@
 """Synchronizing metrics across ``torch.distributed`` ranks.
 
 A steady sync is **one** ``all_gather``: each rank sends a small header
-(protocol, sync number, fingerprint of the group's agreed layout, flags) and
-its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
+(protocol, sync number, fingerprint of the group's agreed layout, flags, and
+for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
+and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
 every rank's state with the merge algebra, so the result is what ``merge``
 would give, identical on every rank. Quantile metrics add a second gather of
 just the sketch cells between the global extremes.

@@ -82,8 +82,10 @@ class Tracker:
     mistake raises everywhere instead of on rank 0 alone.
 
     ``log`` takes a Metrics (values from ``compute()``, formats from
-    ``key_formats()``) or a dict of numbers (Python, numpy or 0-d torch
-    scalars). A step lower than the last one logged (also across a resumed
+    ``key_formats()``), a dict of numbers (Python, numpy or 0-d torch
+    scalars) or an async sync's handle, written in the background when it
+    completes (``flush()`` waits; ``log_every`` syncs, logs and resets every
+    n steps). A step lower than the last one logged (also across a resumed
     JSONL file) is warned about and still written. A backend that raises is
     reported once with a ``RuntimeWarning`` and skipped for that step; the
     others go on.
@@ -311,9 +313,8 @@ class Tracker:
         return values, formats, select_histograms(metrics, self._histogram_patterns, self._backends)
 
     def _report(self, label: str, what: str, exc: Exception, stacklevel: int = 3) -> None:
-        if self._writer is not None and self._writer.defer(label, what, exc):
-            return  # in the writer thread: warned later, in the caller's
-        if label in self._reported:
+        deferred = self._writer is not None and self._writer.defer(label, what, exc)
+        if deferred or label in self._reported:  # deferred: warned later, in the caller's thread
             return
         self._reported.add(label)
         warnings.warn(
