@@ -1,19 +1,62 @@
 """Asynchronous syncs: off the training thread, on a gloo "bookkeeping" process group.
 
-``metrics.sync(group, async_op=True)`` snapshots the state at the call (so
-later records go to the next sync) and returns a :class:`SyncHandle` at once.
-One daemon worker thread per process runs the queued syncs in the order they
-were started, each on the bookkeeping group of its group: a gloo group over
-the same ranks, created collectively once by :func:`bookkeeping_group`
-(every rank of the default group must call it, as for any ``new_group``), or
-for you on the first async sync over the whole world. Its cost: one more
-process group (a few sockets per rank) and the thread.
+``metrics.sync(group, timeout=..., async_op=True)`` takes a snapshot of the
+state at the call (later records go to the next sync, none is lost or counted
+twice) and returns a :class:`SyncHandle` at once. One daemon worker thread per
+process runs the queued syncs in the order they were started, each as the
+blocking sync would (:func:`metricsync._sync.sync_table`, one ``all_gather``
+in steady state), on the *bookkeeping group* of its group: a separate gloo
+group over the same ranks, so the worker's collectives never interleave with
+the training thread's (collectives on one group must be issued in the same
+order on every rank, which two threads cannot promise) and, under NCCL, run
+on the host without touching the GPU.
 
-Ranks must start their async syncs in the same order; the layout check of
-each sync turns a different order into :class:`~metricsync.SyncError`
-rather than a wrong merge when the Metrics differ in names. A missing rank
-gives ``SyncError`` from ``wait()`` within the timeout. At exit, pending syncs
-get a few seconds to finish; the worker never keeps the interpreter alive.
+**Creating the bookkeeping group** is collective; :func:`bookkeeping_group`
+does it once per group (later calls return the same group):
+
+- for a group over every rank (the default group, or a 1-D mesh spanning the
+  world) the first async sync does it for you: every rank calls that sync at
+  the same point of the program, so the ``torch.distributed.new_group`` call
+  inside happens on every rank in the same order relative to the program's
+  other ``new_group`` calls, as torch requires;
+- for a sub-group, every member calls ``ms.bookkeeping_group(group)`` once at
+  set-up (right after creating the group); an async sync over a sub-group
+  without it raises ``RuntimeError``. Only the members rendezvous (torch's
+  ``use_local_synchronization``), and they must have created the same number
+  of process groups before, as SPMD programs do.
+
+Its cost: the creation blocks the calling thread until every member arrives
+(a rendezvous through the store; a missing rank makes it fail after the
+timeout) and connects every member to every other one (gloo's full mesh:
+``world - 1`` TCP connections per rank); then one more process group (its
+sockets and gloo's threads) and the worker thread live for the rest of the
+process. The group keeps the timeout it was created with (the first async
+sync's, or ``bookkeeping_group``'s ``timeout``; torch's default of 30 minutes
+without one) as the bound gloo puts on each of its collectives.
+
+**The snapshot** is taken on the calling thread: the pending host samples are
+folded into a copy of the state table (microseconds per metric), and the
+states of accelerator tensors come to the host with one device-to-host copy
+per device. That copy is blocking: it waits for the work queued on the
+device's current stream (the snapshot's fold is queued behind the step's own
+kernels) before it returns, so it costs the calling thread whatever the GPU
+still has queued, plus a copy of a few float64 words per metric.
+
+**Order and faults.** Ranks must start the async syncs of a group in the same
+order, with the same ``Metrics`` objects (one kept for the whole run, or a new
+one each time, alike on every rank). Each sync's header carries the group's
+sync number, its layout fingerprint and a *tag*: where this ``Metrics`` object
+was last synced asynchronously on the group. A rank that skips a sync, syncs
+more often, or swaps two ``Metrics`` that were synced before gets
+:class:`~metricsync.SyncError` on every rank, not a wrong merge (and the group
+is out of step from then on). Two ``Metrics`` swapped from their very first
+async sync on (one rank always syncs A where another syncs B) cannot be told
+apart without also forbidding ranks to hold and declare different names, so
+that stays the caller's duty, as for blocking syncs. A missing rank gives
+``SyncError`` from ``wait()`` within the sync's timeout, counted from the call.
+At exit, pending syncs (and the steps a Tracker still has to write) get
+:data:`EXIT_WAIT` seconds in all; the worker is a daemon thread and never
+keeps the interpreter alive.
 
 >>> import metricsync as ms
 >>> handle = ms.Metrics().sync(async_op=True)  # no process group: done at once
@@ -24,9 +67,13 @@ get a few seconds to finish; the worker never keeps the interpreter alive.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable, Hashable
+from datetime import timedelta
 from typing import Any
 
 from ._errors import SyncError
@@ -34,13 +81,38 @@ from ._rules import SpecTable
 from ._store import Store
 from ._table import StateTable
 
-__all__ = ["SyncHandle", "bookkeeping_group", "done_handle", "submit"]
+__all__ = [
+    "EXIT_WAIT",
+    "SyncHandle",
+    "bookkeeping_group",
+    "describe_tag",
+    "done_handle",
+    "exit_time_left",
+    "submit",
+]
 
-_EXIT_WAIT = 5.0  # seconds pending syncs get at interpreter exit
+EXIT_WAIT = 5.0
+"""Seconds that pending async syncs get, in all, when the interpreter exits."""
+
+_Job = tuple["SyncHandle", Callable[[], Any]]
 
 
 class SyncHandle:
-    """A sync running in the background: ``wait()`` gives the synced Metrics, ``done()`` tells."""
+    """An async sync: ``wait()`` gives the synced ``Metrics``, ``done()`` tells if it finished.
+
+    Returned by ``metrics.sync(group, async_op=True)``; the state was taken at
+    that call. ``wait()`` re-raises what the sync raised (``SyncError``,
+    ``SpecMismatchError``, ...), on every call. ``Tracker.log`` takes a handle
+    and writes the step when it completes.
+
+    >>> import metricsync as ms
+    >>> m = ms.Metrics()
+    >>> m.record("loss", 2.0)
+    >>> handle = m.sync(async_op=True)
+    >>> m.record("loss", 100.0)   # after the call: goes to the next sync
+    >>> handle.wait().compute()
+    {'loss': 2.0}
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -52,61 +124,124 @@ class SyncHandle:
         self._event.set()
 
     def done(self) -> bool:
-        """Whether the sync finished (with a result or an error)."""
+        """Whether the sync finished, with a result or an error."""
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
-        """The synced ``Metrics``; re-raises the sync's error; ``SyncError`` after ``timeout`` s."""
+        """The synced ``Metrics``; raises the sync's error if it failed.
+
+        ``timeout`` (seconds) bounds this wait only: ``TimeoutError`` when the
+        sync is still running then (it goes on; wait again). The sync's own
+        timeout, given to ``sync``, is what turns a missing rank into
+        ``SyncError``.
+        """
         if not self._event.wait(timeout):
-            raise SyncError(f"metricsync sync: not finished within {timeout} s")
+            raise TimeoutError(f"metricsync: the async sync is still running after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
 
     def __repr__(self) -> str:
-        return f"SyncHandle({'done' if self.done() else 'pending'})"
+        state = "pending" if not self.done() else "failed" if self._error else "done"
+        return f"SyncHandle({state})"
 
 
-def done_handle(result: Any) -> SyncHandle:
-    """A handle that is already finished with ``result``."""
+def done_handle(result: Any = None, error: BaseException | None = None) -> SyncHandle:
+    """A handle that already finished with ``result`` (or ``error``)."""
     handle = SyncHandle()
-    handle._finish(result)
+    handle._finish(result, error)
     return handle
 
 
-_BOOKKEEPING: dict[Hashable, Any] = {}
+# ---------------------------------------------------------------- bookkeeping groups
+
+_BOOKKEEPING: dict[Hashable, Any] = {}  # group key -> gloo group, or the SyncError creating it
 _LOCK = threading.Lock()
 
 
-def bookkeeping_group(group: Any = None) -> Any:
-    """The gloo group async syncs of ``group`` run on; created on first call.
+def _key(dist: Any, group: Any) -> Hashable:
+    return (getattr(group, "group_name", None), tuple(dist.get_process_group_ranks(group)))
 
-    Collective: every rank of the default group must call it (with its own
-    group, for sub-groups), in the same order, as ``torch.distributed.new_group``
-    requires.
+
+def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
+    """The gloo group that async syncs over ``group`` run on, created on the first call.
+
+    ``group``: a process group or a 1-D ``DeviceMesh`` (None: the default
+    group). Creating it is collective: for a group over every rank, every
+    rank calls it (the first async sync over such a group does it for you);
+    for a sub-group, every member calls it once, at set-up. It blocks until
+    every member has arrived, at most ``timeout`` (seconds; torch's default
+    process-group timeout without one), which also stays the group's bound on
+    each collective; a failure raises :class:`~metricsync.SyncError`, here and
+    for every later call. See :mod:`metricsync._async` for what it costs.
+
+    >>> import metricsync as ms
+    >>> from metricsync.testing import run_distributed
+    >>> def fn(rank, world):
+    ...     ms.bookkeeping_group()                  # every rank, once, at set-up
+    ...     m = ms.Metrics()
+    ...     m.record("x", float(rank))
+    ...     return m.sync(timeout=30, async_op=True).wait().compute()
+    >>> run_distributed(fn, world_size=2)  # doctest: +SKIP
+    [{'x': 0.5}, {'x': 0.5}]
     """
     import torch.distributed as dist
 
-    from ._sync import resolve_group
+    from ._sync import check_timeout, resolve_group
 
+    seconds = check_timeout(timeout)
     group = resolve_group(dist, group)
-    ranks = tuple(dist.get_process_group_ranks(group))
-    key = (getattr(group, "group_name", None), ranks)
+    key = _key(dist, group)
     with _LOCK:
         made = _BOOKKEEPING.get(key)
-        if made is None:
-            made = _BOOKKEEPING[key] = dist.new_group(list(ranks), backend="gloo")
-        return made
+        if made is not None and not isinstance(made, SyncError) and not _alive(dist, made):
+            made = None  # destroyed with the process groups: make a new one (after a new init)
+            del _BOOKKEEPING[key]
+            _NEXT.pop(key, None)
+    if made is None:
+        made = _create(dist, group, seconds)
+        with _LOCK:
+            made = _BOOKKEEPING.setdefault(key, made)
+    if isinstance(made, SyncError):
+        raise SyncError(f"metricsync: no bookkeeping group for async syncs: {made}")
+    return made
+
+
+def _alive(dist: Any, group: Any) -> bool:
+    """Whether ``group`` is still registered (``destroy_process_group`` forgets every group)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except Exception:
+        return False
+    return True
+
+
+def _create(dist: Any, group: Any, seconds: float | None) -> Any:
+    """A gloo group over ``group``'s ranks, or the ``SyncError`` that creating it gave."""
+    ranks = sorted(dist.get_process_group_ranks(group))
+    whole = ranks == list(range(dist.get_world_size()))
+    try:
+        return dist.new_group(
+            None if whole else ranks,
+            timeout=None if seconds is None else timedelta(seconds=seconds),
+            backend="gloo",
+            use_local_synchronization=not whole,
+        )
+    except Exception as exc:  # a member that never arrived, or a broken store
+        return SyncError(f"creating it failed ({type(exc).__name__}: {exc})")
+
+
+# -------------------------------------------------------------------------- worker
 
 
 class _Worker:
-    """The one thread that runs queued syncs in order."""
+    """The one thread that runs queued syncs, in the order they were started."""
 
     def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[SyncHandle, Callable[[], Any]] | None] = queue.Queue()
+        self.queue: queue.Queue[_Job | None] = queue.Queue()
+        self.closed = False
         self.thread = threading.Thread(target=self._run, name="metricsync-sync", daemon=True)
         self.thread.start()
-        atexit.register(self.close)
 
     def _run(self) -> None:
         while True:
@@ -119,15 +254,89 @@ class _Worker:
             except BaseException as exc:  # handed to wait(), in the caller's thread
                 handle._finish(error=exc)
 
-    def close(self) -> None:
+    def close(self, timeout: float) -> None:
+        """Let the queued syncs run for at most ``timeout`` seconds, then stop taking new ones."""
+        self.closed = True
         self.queue.put(None)
-        self.thread.join(_EXIT_WAIT)
+        self.thread.join(timeout)
 
 
 _worker: _Worker | None = None
 
 
+def _running_worker() -> _Worker:
+    global _worker
+    with _LOCK:
+        if _worker is None or _worker.closed:
+            _worker = _Worker()
+        return _worker
+
+
+_exit_deadline: float | None = None
+
+
+def exit_time_left() -> float:
+    """Seconds left of the :data:`EXIT_WAIT` that every wait at interpreter exit shares.
+
+    The first call starts the count, so the Tracker's wait for its pending
+    steps and the worker's for its syncs end together.
+    """
+    global _exit_deadline
+    if _exit_deadline is None:
+        _exit_deadline = time.monotonic() + EXIT_WAIT
+    return max(0.0, _exit_deadline - time.monotonic())
+
+
+@atexit.register
+def _close_at_exit() -> None:  # registered before the Tracker's, so it runs after it
+    if _worker is not None:
+        _worker.close(exit_time_left())
+
+
+def _forget_after_fork() -> None:  # threads do not survive a fork; process groups neither
+    global _worker
+    _worker = None
+    _BOOKKEEPING.clear()
+    _NEXT.clear()
+    _LAST.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+# ------------------------------------------------------------------------ ordering
+
+_NEXT: dict[Hashable, int] = {}  # group -> number of async syncs started on its bookkeeping group
+_LAST: weakref.WeakKeyDictionary[Store, dict[Hashable, int]] = weakref.WeakKeyDictionary()
+
+
+def _tag(store: Store, key: Hashable) -> int:
+    """The header tag of the next async sync of ``store`` on the group ``key`` (see the module)."""
+    with _LOCK:
+        position = _NEXT.get(key, 0)
+        _NEXT[key] = position + 1
+        last = _LAST.setdefault(store, {})
+        previous = last.get(key, -1)
+        last[key] = position
+    return previous + 2  # 1: this Metrics' first async sync here; 0 is for blocking syncs
+
+
+def describe_tag(tag: int) -> str:
+    """What a sync's tag says, for error messages.
+
+    >>> describe_tag(0), describe_tag(1), describe_tag(5)
+    ('a blocking sync', 'the first async sync of its Metrics', 'a Metrics last synced at #3')
+    """
+    if tag == 0:
+        return "a blocking sync"
+    if tag == 1:
+        return "the first async sync of its Metrics"
+    return f"a Metrics last synced at #{tag - 2}"
+
+
 def submit(
+    store: Store,
     group: Any,
     table: StateTable,
     rules: SpecTable,
@@ -135,29 +344,32 @@ def submit(
     timeout: float | None,
     wrap: Callable[[Store], Any],
 ) -> SyncHandle:
-    """Queue the sync of a snapshot on ``group``'s bookkeeping group; a handle at once."""
+    """Queue the sync of the snapshot ``table`` on ``group``'s bookkeeping group; a handle at once."""
     import torch.distributed as dist
 
     from ._sync import sync_table
 
-    global _worker
-    ranks = tuple(dist.get_process_group_ranks(group))
-    if ranks != tuple(range(dist.get_world_size())) and (
-        (getattr(group, "group_name", None), ranks) not in _BOOKKEEPING
-    ):
-        raise RuntimeError(
-            "an async sync over a sub-group needs its bookkeeping group first: call "
-            "metricsync.bookkeeping_group(group) on every rank"
-        )
-    side = bookkeeping_group(group)
-    handle = SyncHandle()
-    with _LOCK:
-        if _worker is None:
-            _worker = _Worker()
-        worker = _worker
+    started = time.monotonic()
+    ranks = sorted(dist.get_process_group_ranks(group))
+    if ranks != list(range(dist.get_world_size())):
+        with _LOCK:
+            known = _key(dist, group) in _BOOKKEEPING
+        if not known:
+            raise RuntimeError(
+                "an async sync over a sub-group runs on a bookkeeping group that every member "
+                "creates once at set-up: call metricsync.bookkeeping_group(group) on each rank "
+                f"of the group {ranks} first"
+            )
+    try:
+        side = bookkeeping_group(group, timeout=timeout)
+    except SyncError as exc:
+        return done_handle(error=exc)
+    tag = _tag(store, _key(dist, group))
 
     def job() -> Any:
-        return wrap(Store(rules, sync_table(dist, side, table, rules, error, timeout)))
+        left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)
+        return wrap(Store(rules, sync_table(dist, side, table, rules, error, left, tag=tag)))
 
-    worker.queue.put((handle, job))
+    handle = SyncHandle()
+    _running_worker().queue.put((handle, job))
     return handle

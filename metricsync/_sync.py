@@ -1,8 +1,9 @@
 """Synchronizing metrics across ``torch.distributed`` ranks.
 
 A steady sync is **one** ``all_gather``: each rank sends a small header
-(protocol, sync number, fingerprint of the group's agreed layout, flags) and
-its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
+(protocol, sync number, fingerprint of the group's agreed layout, flags, and
+for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
+and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
 every rank's state with the merge algebra, so the result is what ``merge``
 would give, identical on every rank. Quantile metrics add a second gather of
 just the sketch cells between the global extremes.
@@ -83,12 +84,15 @@ def sync(
     group = resolve_group(dist, group)
     if dist.get_rank(group) < 0:
         raise ValueError("this rank is not a member of the given process group")
-    table, error = _snapshot(store)
+    with store.lock:
+        table, error = _snapshot(store)
+        if async_op and table is store.table:  # later records and reset() change that one
+            table = table.copy()
     rules = store.rules.copy()
     if async_op:
         from ._async import submit
 
-        return submit(group, table, rules, error, seconds, wrap)
+        return submit(store, group, table, rules, error, seconds, wrap)
     return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
 
 
@@ -155,8 +159,14 @@ def sync_table(
     rules: SpecTable,
     error: ValueError | None,
     timeout: float | None,
+    tag: int = 0,
 ) -> StateTable:
-    """The merge of ``table`` over every rank of ``group`` (see the module docstring)."""
+    """The merge of ``table`` over every rank of ``group`` (see the module docstring).
+
+    ``tag`` identifies the sync among a group's async syncs (0 for blocking
+    ones; see :mod:`metricsync._async`): ranks whose tags differ raise
+    ``SyncError``, since they are merging different ``Metrics``.
+    """
     state = group_state(_group_key(dist, group))
     if state.broken is not None:
         raise SyncError(
@@ -171,7 +181,7 @@ def sync_table(
         )
     comm = Comm(dist, group, deadline, state, _device(dist, group))
     try:
-        result = _agree_and_merge(comm, dist, group, table, rules, error)
+        result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
         state.seq += 1
         return result
     except (SpecMismatchError, _Agreed) as exc:  # every rank raises the same, in step
@@ -198,7 +208,13 @@ class _Agreed(Exception):
 
 
 def _agree_and_merge(
-    comm: Comm, dist: Any, group: Any, table: StateTable, rules: SpecTable, error: Exception | None
+    comm: Comm,
+    dist: Any,
+    group: Any,
+    table: StateTable,
+    rules: SpecTable,
+    error: Exception | None,
+    tag: int,
 ) -> StateTable:
     state = comm.state
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -215,7 +231,7 @@ def _agree_and_merge(
             flags |= _CONFLICT
             clash = 1 + _uncovered(table, layout)
         head = np.array(
-            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, 0, 0],
+            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, 0],
             dtype=np.int64,
         )
         # which layout entries this rank holds, and which its rules declare otherwise
@@ -285,6 +301,16 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
         raise SyncError(
             "metricsync sync: the ranks are out of step (a different number of syncs, or syncs "
             "interleaved with other collectives on this group); create a new process group"
+        )
+    if not (heads[:, 6] == mine[6]).all():  # same sync number, different Metrics
+        from ._async import describe_tag
+
+        comm.state.broken = "ranks started their async syncs in a different order"
+        seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(heads[:8, 6]))
+        raise SyncError(
+            f"metricsync sync: ranks started their async syncs on this group in a different "
+            f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
+            "must start them in the same order, with the same Metrics objects"
         )
 
 

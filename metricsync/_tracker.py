@@ -12,127 +12,37 @@ step 1 | loss   0.6931  lr 3.00e-04
 
 from __future__ import annotations
 
-import fnmatch
-import inspect
-import operator
+import atexit
+import contextlib
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
+from ._async import EXIT_WAIT, SyncHandle, exit_time_left
 from ._rank import detect_rank
-from .backends import (
-    BACKEND_OPTIONS,
-    Backend,
-    BackendFactory,
-    available_backends,
-    backend_options,
-    create_backend,
+from ._tracker_parts import (
+    as_step,
+    backend_entries,
+    check_options,
+    fan_out,
+    histogram_patterns,
+    is_backend,
+    make_backend,
+    select_histograms,
+    unwrap,
 )
+from ._writer import StepWriter, surface_failures
+from .backends import Backend, BackendFactory
 from .backends._config import as_config
 
 __all__ = ["BackendEntry", "Tracker", "detect_rank", "unwrap"]
 
 BackendEntry = str | Backend | BackendFactory
 """What ``Tracker(backends=...)`` takes: a name, a backend object or a factory."""
-
-
-def _to_float(key: str, value: object) -> float:
-    """``value`` as a Python float, or ``TypeError`` naming the metric."""
-    dtype = getattr(value, "dtype", None)
-    complex_dtype = getattr(dtype, "kind", "") == "c" or getattr(dtype, "is_complex", False)
-    if value is None or isinstance(value, (str, bytes, complex)) or complex_dtype:
-        raise TypeError(f"metric {key!r}: expected a real number, got {type(value).__name__}")
-    if type(value) is float:
-        return value
-    shape = getattr(value, "shape", ())
-    if len(tuple(shape)) != 0:
-        raise TypeError(
-            f"metric {key!r}: expected a scalar (0-d), got {type(value).__name__} of shape "
-            f"{tuple(shape)}; compute() a Metrics first"
-        )
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except OverflowError:
-        raise ValueError(f"metric {key!r}: {value!r:.40} does not fit in a float64") from None
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise TypeError(
-            f"metric {key!r}: expected a real number, got {type(value).__name__} ({exc})"
-        ) from None
-
-
-def unwrap(metrics: Any) -> tuple[dict[str, float], dict[str, str | None]]:
-    """``(values, formats)`` from a Metrics-like object or a mapping of numbers.
-
-    A Metrics is anything with ``compute()`` (and, for formats,
-    ``key_formats()``); a mapping gets the adaptive format (None) everywhere.
-
-    >>> import numpy as np
-    >>> unwrap({"n": np.int64(3), "ok": True})
-    ({'n': 3.0, 'ok': 1.0}, {'n': None, 'ok': None})
-    """
-    formats: Mapping[str, str | None] = {}
-    if callable(getattr(metrics, "compute", None)):
-        raw = metrics.compute()
-        key_formats = getattr(metrics, "key_formats", None)
-        if callable(key_formats):
-            formats = key_formats()
-    elif isinstance(metrics, Mapping):
-        raw = metrics
-    else:
-        raise TypeError(
-            "expected a Metrics (with compute()) or a mapping of metric names to numbers, "
-            f"got {type(metrics).__name__}"
-        )
-    values: dict[str, float] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str):
-            raise TypeError(f"expected metric names to be str, got {key!r}")
-        values[key] = _to_float(key, value)
-    return values, {key: formats.get(key) for key in values}
-
-
-def _is_backend(obj: object) -> bool:
-    """A backend object: has ``log`` and ``close`` and is not a class (a class is a factory)."""
-    return (
-        not isinstance(obj, type)
-        and callable(getattr(obj, "log", None))
-        and callable(getattr(obj, "close", None))
-    )
-
-
-def _call_factory(factory: Callable[..., Any], directory: Path) -> Backend:
-    """``factory(directory)`` when it takes a required positional argument, else ``factory()``."""
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        wants_dir = True
-    else:
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        wants_dir = any(p.kind in positional and p.default is p.empty for p in parameters)
-    made = factory(directory) if wants_dir else factory()
-    if not _is_backend(made):
-        name = getattr(factory, "__qualname__", type(factory).__name__)
-        raise TypeError(
-            f"backend factory {name} returned {type(made).__name__}, expected an object with "
-            "log(values, step, formats) and close()"
-        )
-    return cast(Backend, made)
-
-
-def _histogram_patterns(histograms: bool | str | Sequence[str] | None) -> tuple[str, ...]:
-    if histograms is None or histograms is False:
-        return ()
-    if histograms is True:
-        return ("*",)
-    if isinstance(histograms, str):
-        return (histograms,)
-    patterns = tuple(histograms)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"expected histograms to be a bool, a glob or globs, got {histograms!r}")
-    return patterns
 
 
 class Tracker:
@@ -172,8 +82,10 @@ class Tracker:
     mistake raises everywhere instead of on rank 0 alone.
 
     ``log`` takes a Metrics (values from ``compute()``, formats from
-    ``key_formats()``) or a dict of numbers (Python, numpy or 0-d torch
-    scalars). A step lower than the last one logged (also across a resumed
+    ``key_formats()``), a dict of numbers (Python, numpy or 0-d torch
+    scalars) or an async sync's handle, written in the background when it
+    completes (``flush()`` waits; ``log_every`` syncs, logs and resets every
+    n steps). A step lower than the last one logged (also across a resumed
     JSONL file) is warned about and still written. A backend that raises is
     reported once with a ``RuntimeWarning`` and skipped for that step; the
     others go on.
@@ -210,22 +122,10 @@ class Tracker:
         histograms: bool | str | Sequence[str] = False,
         **backend_options: Any,
     ) -> None:
-        entries: list[BackendEntry]
-        if isinstance(backends, str) or _is_backend(backends) or callable(backends):
-            entries = [cast(BackendEntry, backends)]
-        else:
-            entries = list(cast("Iterable[BackendEntry]", backends))
+        entries = backend_entries(backends)
         names = [e for e in entries if isinstance(e, str)]
-        for entry in entries:
-            if not isinstance(entry, str) and not _is_backend(entry) and not callable(entry):
-                raise TypeError(
-                    "expected backend names, objects with log(values, step, formats) and "
-                    f"close(), or factories returning one, got {type(entry).__name__}"
-                )
-        if len(set(names)) != len(names):
-            raise ValueError(f"expected each backend once, got {names}")
-        self._check_options(names, backend_options)
-        self._histogram_patterns = _histogram_patterns(histograms)
+        check_options(names, backend_options)
+        self._histogram_patterns = histogram_patterns(histograms)
         if config is not None:
             backend_options["config"] = as_config(config)
         self.rank = detect_rank(rank)
@@ -237,54 +137,21 @@ class Tracker:
         self._reported: set[str] = set()
         self._closed = False
         self._last_step: int | None = None
+        self._writer: StepWriter | None = None  # started by the first handle logged
+        self._in_flight: SyncHandle | None = None  # log_every's last async sync
         if not self.active:
-            self._idle = [cast(Backend, e) for e in entries if _is_backend(e)]
+            self._idle = [cast(Backend, e) for e in entries if is_backend(e)]
             return
         try:
             for entry in entries:
-                if isinstance(entry, str):
-                    made = create_backend(
-                        entry, directory, backend_options, console_keys=console_keys
-                    )
-                    self._backends.append((entry, made))
-                    continue
-                backend = (
-                    cast(Backend, entry)
-                    if _is_backend(entry)
-                    else _call_factory(cast("Callable[..., Any]", entry), directory)
-                )
-                self._backends.append((self._label(type(backend).__name__), backend))
+                label, made = make_backend(entry, directory, backend_options, console_keys)
+                self._backends.append((self._label(label), made))
         except BaseException:
             self.close()
             raise
         steps = [getattr(b, "last_step", None) for _, b in self._backends]
         known = [s for s in steps if isinstance(s, int)]
         self._last_step = max(known) if known else None
-
-    @staticmethod
-    def _check_options(names: list[str], options: Mapping[str, Any]) -> None:
-        """Unknown names raise ValueError; options no chosen or built-in backend takes, TypeError."""
-        known = set().union(*BACKEND_OPTIONS.values())
-        takes_any = False
-        for name in names:
-            if name in BACKEND_OPTIONS:
-                continue
-            if name not in available_backends():
-                raise ValueError(
-                    f"expected backend names among {', '.join(available_backends())} or backend "
-                    f"objects or factories, got {name!r}"
-                )
-            accepted = backend_options(name)
-            if accepted is None:
-                takes_any = True
-            else:
-                known |= accepted
-        unknown = sorted(set(options) - known)
-        if unknown and not takes_any:
-            raise TypeError(
-                f"unexpected backend option(s) {', '.join(unknown)}; "
-                f"expected some of {', '.join(sorted(known))}"
-            )
 
     def _label(self, label: str) -> str:
         taken = {lab for lab, _ in self._backends}
@@ -304,92 +171,203 @@ class Tracker:
         return tuple(label for label, _ in self._backends)
 
     def log(self, metrics: Any, step: int) -> None:
-        """Log a Metrics or a dict of numbers at ``step`` to every backend.
+        """Log a Metrics, a dict of numbers or an async sync's handle at ``step``.
 
-        With ``histograms=`` set, the selected quantile metrics of a Metrics
-        also go, as histograms, to the backends that have ``log_histograms``.
+        A Metrics or a dict is computed now; with nothing in the background
+        it is written now, else queued behind what is. A
+        :class:`~metricsync.SyncHandle` (``metrics.sync(group,
+        async_op=True)``) is written by a background thread when its sync
+        completes; steps reach the backends in the order of the ``log`` calls
+        either way. ``flush()`` waits for them. An async sync that failed
+        raises its error (``SyncError``, ``SpecMismatchError``, ...) from the
+        next ``log``, ``flush`` or ``close``, on every rank, and its step is not
+        written. With ``histograms=`` set, the selected quantile metrics also
+        go, as histograms, to the backends that have ``log_histograms``.
 
         >>> import tempfile
+        >>> import metricsync as ms
         >>> with Tracker("console", run_dir=tempfile.mkdtemp()) as tracker:
         ...     tracker.log({"tokens": 123456789, "lr": 1e-6}, step=7)
+        ...     m = ms.Metrics()
+        ...     m.record("loss", 0.25)
+        ...     tracker.log(m.sync(async_op=True), step=8)
+        ...     tracker.flush()
         step 7 | tokens 123,456,789  lr 1.00e-06
+        step 8 | loss 0.2500
         """
         if self._closed:
             raise RuntimeError("Tracker.log() called after close()")
-        if isinstance(step, bool) or not hasattr(step, "__index__"):
-            raise TypeError(f"expected step to be an int, got {step!r}")
-        step = operator.index(step)
-        if not self.active:
-            return
-        values, formats = unwrap(metrics)
+        step = as_step(step)
+        if isinstance(metrics, SyncHandle):
+            if self.active:
+                self._note_step(step)
+            self._background().put(step, metrics)
+        elif self.active:
+            entry = self._entry(metrics)
+            self._note_step(step)
+            if self._writer is not None and self._writer.busy():
+                self._writer.put(step, entry)  # behind the steps still waiting
+            else:
+                self._write(step, entry)
+        self._surface()
+
+    def log_every(
+        self,
+        n: int,
+        metrics: Any,
+        step: int,
+        *,
+        group: Any = None,
+        timeout: Any = None,
+        async_op: bool = True,
+        force: bool = False,
+    ) -> Any:
+        """At every ``n``-th step: sync ``metrics`` over ``group``, log the result, reset it.
+
+        Call it at every step, on every rank (the sync is collective). When
+        ``step % n == 0`` (or ``force``), it starts ``metrics.sync(group,
+        timeout=timeout, async_op=async_op)``, logs it at ``step`` and
+        resets ``metrics``, so each logged step holds the samples recorded
+        since the previous one; it returns the handle (or, with
+        ``async_op=False``, the synced Metrics), else None. At most one of its
+        async syncs is in flight: before starting one it waits for the
+        previous, which is normally long done.
+
+        >>> import tempfile
+        >>> import metricsync as ms
+        >>> metrics = ms.Metrics()
+        >>> with Tracker("console", run_dir=tempfile.mkdtemp()) as tracker:
+        ...     for step in range(1, 7):
+        ...         metrics.record("loss", 1.0 / step)
+        ...         _ = tracker.log_every(3, metrics, step, timeout=60)
+        step 3 | loss 0.6111
+        step 6 | loss 0.2056
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"expected n to be a positive int, got {n!r}")
+        if self._closed:
+            raise RuntimeError("Tracker.log_every() called after close()")
+        if as_step(step) % n and not force:
+            return None
+        if self._in_flight is not None:
+            with contextlib.suppress(Exception):  # its error comes from log() below
+                self._in_flight.wait()
+        synced = metrics.sync(group, timeout=timeout, async_op=async_op)
+        metrics.reset()
+        self._in_flight = synced if isinstance(synced, SyncHandle) else None
+        self.log(synced, step)
+        return synced
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every step logged so far has gone to the backends.
+
+        Once it returns, those steps are on disk as far as each backend
+        writes at ``log`` (the JSONL log: complete lines, unbuffered). Raises
+        ``TimeoutError`` when steps are still waiting for their sync after
+        ``timeout`` seconds, and the error of a failed async sync.
+
+        >>> import tempfile
+        >>> with Tracker(run_dir=tempfile.mkdtemp()) as tracker:
+        ...     tracker.log({"loss": 1.0}, step=1)
+        ...     tracker.flush()
+        """
+        if self._writer is not None and not self._writer.wait_idle(timeout):
+            waiting = self._writer.pending_steps()
+            raise TimeoutError(
+                f"metricsync: steps {waiting} were still waiting for their sync after {timeout} s"
+            )
+        self._surface()
+
+    # ------------------------------------------------------------- internals
+
+    def _note_step(self, step: int) -> None:
         if self._last_step is not None and step < self._last_step:
             warnings.warn(
                 f"metricsync: step {step} goes backwards (the last logged step is "
                 f"{self._last_step}); writing it anyway",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         self._last_step = step
-        histograms = self._histograms(metrics)
-        for label, backend in self._backends:
-            try:
-                backend.log(dict(values), step, dict(formats))
-            except Exception as exc:
-                self._report(label, f"failed at step {step}", exc)
-                continue
-            log_histograms = getattr(backend, "log_histograms", None)
-            if histograms and callable(log_histograms):
-                try:
-                    log_histograms(dict(histograms), step)
-                except Exception as exc:
-                    self._report(label, f"failed to log histograms at step {step}", exc)
 
-    def _histograms(self, metrics: Any) -> dict[str, Any]:
-        """The selected histograms of ``metrics``; none unless a backend can take them."""
-        patterns = self._histogram_patterns
-        wanted = patterns and any(
-            callable(getattr(b, "log_histograms", None)) for _, b in self._backends
-        )
-        read = getattr(metrics, "histograms", None)
-        if not wanted or not callable(read):
-            return {}
-        return {
-            key: hist
-            for key, hist in read().items()
-            if any(fnmatch.fnmatchcase(key, p) for p in patterns)
-        }
+    def _background(self) -> StepWriter:
+        if self._writer is None:
+            self._writer = StepWriter(self._write, self._prepare)
+            _OPEN.add(self)
+        return self._writer
 
-    def _report(self, label: str, what: str, exc: Exception) -> None:
-        if label in self._reported:
+    def _prepare(self, item: Any) -> Any:
+        """In the writer thread: what to write for a queued item (waits for a handle)."""
+        if not isinstance(item, SyncHandle):
+            return item
+        synced = item.wait()
+        return self._entry(synced) if self.active else None
+
+    def _write(self, step: int, entry: Any) -> None:
+        if entry is not None:
+            values, formats, histograms = entry
+            fan_out(self._backends, step, values, formats, histograms, self._report)
+
+    def _entry(self, metrics: Any) -> tuple[Any, ...]:
+        values, formats = unwrap(metrics)
+        return values, formats, select_histograms(metrics, self._histogram_patterns, self._backends)
+
+    def _report(self, label: str, what: str, exc: Exception, stacklevel: int = 3) -> None:
+        deferred = self._writer is not None and self._writer.defer(label, what, exc)
+        if deferred or label in self._reported:  # deferred: warned later, in the caller's thread
             return
         self._reported.add(label)
         warnings.warn(
             f"metricsync: backend {label!r} {what} and was skipped "
             f"({type(exc).__name__}: {exc}); further failures of it are not reported",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
-    def close(self) -> None:
-        """Close every backend (a failing one is reported, the others still close).
+    def _surface(self, raise_errors: bool = True) -> None:
+        """Warn about backend failures, and raise a failed async sync, kept by the writer."""
+        if self._writer is not None:
+            for label, what, exc in self._writer.take_deferred():
+                self._report(label, what, exc, stacklevel=4)
+            surface_failures(self._writer.failed, raise_errors)
 
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is pending, then close every backend (a failing one is reported).
+
+        Steps whose async sync has not finished within ``timeout`` seconds
+        (None: as long as their syncs take) are not written, with a warning.
         Backend objects handed to a Tracker on a rank that does not write are
-        closed here too. Calling it again does nothing.
+        closed here too. Calling it again does nothing. At interpreter exit,
+        a Tracker left open with steps pending is closed with a bound of
+        :data:`metricsync._async.EXIT_WAIT` seconds.
 
         >>> import tempfile
         >>> tracker = Tracker(run_dir=tempfile.mkdtemp())
         >>> tracker.close(); tracker.close()
         """
+        self._close(timeout, raise_errors=True)
+
+    def _close(self, timeout: float | None, raise_errors: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        unwritten = self._writer.stop(timeout) if self._writer is not None else []
+        _OPEN.discard(self)
         idle = [(self._label(type(b).__name__), b) for b in self._idle]
         for label, backend in self._backends + idle:
             try:
                 backend.close()
             except Exception as exc:
                 self._reported.discard(label)
-                self._report(label, "failed to close", exc)
+                self._report(label, "failed to close", exc, stacklevel=4)
+        if unwritten and self.active:
+            warnings.warn(
+                f"metricsync: steps {unwritten} were not written: their sync had not finished "
+                f"within {timeout} s of close()",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._surface(raise_errors)
 
     def __enter__(self) -> Tracker:
         return self
@@ -400,7 +378,10 @@ class Tracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+        else:  # leaving on an error: a bounded close that does not hide it
+            self._close(EXIT_WAIT, raise_errors=False)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -408,3 +389,12 @@ class Tracker:
             f"Tracker(backends={self.backends!r}, run_dir={str(self.run_dir)!r}, "
             f"rank={self.rank}, {state})"
         )
+
+
+_OPEN: weakref.WeakSet[Tracker] = weakref.WeakSet()  # trackers with a background writer
+
+
+@atexit.register
+def _close_at_exit() -> None:  # runs before the sync worker stops (registered earlier)
+    for tracker in list(_OPEN):
+        tracker._close(exit_time_left(), raise_errors=False)
