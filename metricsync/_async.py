@@ -79,16 +79,17 @@ from typing import Any
 from ._errors import SyncError
 from ._rules import SpecTable
 from ._store import Store
+from ._sync import check_timeout, prepare, resolve_group, sync_table
 from ._table import StateTable
 
 __all__ = [
     "EXIT_WAIT",
     "SyncHandle",
     "bookkeeping_group",
-    "describe_tag",
     "done_handle",
     "exit_time_left",
     "submit",
+    "sync_async",
 ]
 
 EXIT_WAIT = 5.0
@@ -119,7 +120,8 @@ class SyncHandle:
         self._result: Any = None
         self._error: BaseException | None = None
 
-    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Set the outcome (the sync's worker does; ``wait()`` then returns or raises it)."""
         self._result, self._error = result, error
         self._event.set()
 
@@ -149,7 +151,7 @@ class SyncHandle:
 def done_handle(result: Any = None, error: BaseException | None = None) -> SyncHandle:
     """A handle that already finished with ``result`` (or ``error``)."""
     handle = SyncHandle()
-    handle._finish(result, error)
+    handle.finish(result, error)
     return handle
 
 
@@ -186,8 +188,6 @@ def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
     [{'x': 0.5}, {'x': 0.5}]
     """
     import torch.distributed as dist
-
-    from ._sync import check_timeout, resolve_group
 
     seconds = check_timeout(timeout)
     group = resolve_group(dist, group)
@@ -250,9 +250,9 @@ class _Worker:
                 return
             handle, job = item
             try:
-                handle._finish(job())
+                handle.finish(job())
             except BaseException as exc:  # handed to wait(), in the caller's thread
-                handle._finish(error=exc)
+                handle.finish(error=exc)
 
     def close(self, timeout: float) -> None:
         """Let the queued syncs run for at most ``timeout`` seconds, then stop taking new ones."""
@@ -322,17 +322,13 @@ def _tag(store: Store, key: Hashable) -> int:
     return previous + 2  # 1: this Metrics' first async sync here; 0 is for blocking syncs
 
 
-def describe_tag(tag: int) -> str:
-    """What a sync's tag says, for error messages.
-
-    >>> describe_tag(0), describe_tag(1), describe_tag(5)
-    ('a blocking sync', 'the first async sync of its Metrics', 'a Metrics last synced at #3')
-    """
-    if tag == 0:
-        return "a blocking sync"
-    if tag == 1:
-        return "the first async sync of its Metrics"
-    return f"a Metrics last synced at #{tag - 2}"
+def sync_async(store: Store, group: Any, timeout: Any, wrap: Callable[[Store], Any]) -> SyncHandle:
+    """A handle for the merge over ``group`` of ``store`` as it is now (see the module)."""
+    prepared = prepare(store, group, timeout, private=True)
+    if prepared is None:
+        return done_handle(wrap(Store(store.rules.copy(), store.snapshot().copy())))
+    _, group, table, rules, error, seconds = prepared
+    return submit(store, group, table, rules, error, seconds, wrap)
 
 
 def submit(
@@ -346,8 +342,6 @@ def submit(
 ) -> SyncHandle:
     """Queue the sync of the snapshot ``table`` on ``group``'s bookkeeping group; a handle at once."""
     import torch.distributed as dist
-
-    from ._sync import sync_table
 
     started = time.monotonic()
     ranks = sorted(dist.get_process_group_ranks(group))

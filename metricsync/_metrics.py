@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import _codec, _convert
+from ._async import sync_async
 from ._errors import CodecError
 from ._formatting import format_line, numbers_of
 from ._histogram import Histogram, table_histograms
@@ -36,6 +37,7 @@ from ._pending import FAST_LIMIT
 from ._rules import SpecTable
 from ._spec import Spec
 from ._store import Store
+from ._sync import sync
 
 __all__ = ["Metrics", "merge"]
 
@@ -342,11 +344,9 @@ class Metrics:
         handle (``wait()``, ``done()``) whose state is taken at the call. See
         :mod:`metricsync._sync`.
         """
-        from ._sync import sync
-
-        return sync(
-            self._store, group=group, timeout=timeout, async_op=async_op, wrap=self._from_store
-        )
+        if async_op:
+            return sync_async(self._store, group, timeout, self._from_store)
+        return sync(self._store, group, timeout, self._from_store)
 
 
 def _store_of(metrics: Metrics) -> Store:

@@ -56,7 +56,7 @@ from ._rules import SpecTable
 from ._store import Store
 from ._table import StateTable
 
-__all__ = ["check_timeout", "resolve_group", "sync", "sync_table"]
+__all__ = ["check_timeout", "describe_tag", "prepare", "resolve_group", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
@@ -68,32 +68,34 @@ def sync(
     store: Store,
     group: Any = None,
     timeout: Any = None,
-    async_op: bool = False,
     wrap: Callable[[Store], Any] = lambda store: store,
 ) -> Any:
-    """``wrap`` of a store holding the merge over ``group`` (or a handle, with ``async_op``)."""
+    """``wrap`` of a store holding the merge over ``group``, identical on every rank."""
+    prepared = prepare(store, group, timeout, private=False)
+    if prepared is None:
+        return wrap(Store(store.rules.copy(), store.snapshot().copy()))
+    dist, group, table, rules, error, seconds = prepared
+    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
+
+
+def prepare(
+    store: Store, group: Any, timeout: Any, private: bool
+) -> tuple[Any, Any, StateTable, SpecTable, ValueError | None, float | None] | None:
+    """Check the arguments and take the snapshot a sync merges: ``(dist, group, table, rules,
+    device error, seconds)``, or None without a process group. ``private`` gives a table
+    nothing else will change (an async sync runs while the caller records on)."""
     seconds = check_timeout(timeout)  # bad arguments fail with or without a process group
     dist = _initialized_dist()
     if dist is None:
-        result = wrap(Store(store.rules.copy(), store.snapshot().copy()))
-        if async_op:
-            from ._async import done_handle
-
-            return done_handle(result)
-        return result
+        return None
     group = resolve_group(dist, group)
     if dist.get_rank(group) < 0:
         raise ValueError("this rank is not a member of the given process group")
     with store.lock:
         table, error = _snapshot(store)
-        if async_op and table is store.table:  # later records and reset() change that one
+        if private and table is store.table:  # later records and reset() change that one
             table = table.copy()
-    rules = store.rules.copy()
-    if async_op:
-        from ._async import submit
-
-        return submit(store, group, table, rules, error, seconds, wrap)
-    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
+    return dist, group, table, store.rules.copy(), error, seconds
 
 
 def _snapshot(store: Store) -> tuple[StateTable, ValueError | None]:
@@ -303,8 +305,6 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
             "interleaved with other collectives on this group); create a new process group"
         )
     if not (heads[:, 6] == mine[6]).all():  # same sync number, different Metrics
-        from ._async import describe_tag
-
         comm.state.broken = "ranks started their async syncs in a different order"
         seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(heads[:8, 6]))
         raise SyncError(
@@ -387,3 +387,16 @@ def _extend(comm: Comm, table: StateTable, layout: Layout, world: int) -> Layout
                     f"metric {name!r} is {seen!r} on one rank and {spec!r} on rank {rank}"
                 )
     return layout.extended(additions.items())
+
+
+def describe_tag(tag: int) -> str:
+    """What a sync's tag says, for error messages.
+
+    >>> describe_tag(0), describe_tag(1), describe_tag(5)
+    ('a blocking sync', 'the first async sync of its Metrics', 'a Metrics last synced at #3')
+    """
+    if tag == 0:
+        return "a blocking sync"
+    if tag == 1:
+        return "the first async sync of its Metrics"
+    return f"a Metrics last synced at #{tag - 2}"

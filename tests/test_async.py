@@ -22,7 +22,7 @@ import pytest
 
 import metricsync as ms
 from metricsync._async import done_handle
-from metricsync._logfile import read_jsonl
+from metricsync._logread import read_jsonl
 
 
 class Recorder:
@@ -55,7 +55,7 @@ def finish(
     if values is not None:
         result = ms.Metrics()
         result.update(values)
-    handle._finish(result, error)
+    handle.finish(result, error)
 
 
 def test_a_handle_reports_done_waits_with_a_bound_and_reraises() -> None:

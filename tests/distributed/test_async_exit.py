@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from metricsync._logfile import read_jsonl
+from metricsync._logread import read_jsonl
 from metricsync.testing import free_port
 
 pytestmark = pytest.mark.distributed
