@@ -77,9 +77,10 @@ from datetime import timedelta
 from typing import Any
 
 from ._errors import SyncError
+from ._group import check_timeout, resolve_group
 from ._rules import SpecTable
 from ._store import Store
-from ._sync import check_timeout, prepare, resolve_group, sync_table
+from ._sync import prepare, sync_table
 from ._table import StateTable
 
 __all__ = [

@@ -31,16 +31,15 @@ collective already ran).
 
 from __future__ import annotations
 
-import numbers
 import time
-from collections.abc import Callable, Hashable
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
+from ._group import check_timeout, comm_device, group_key, initialized_dist, resolve_group
 from ._layout import GroupState, Layout, Placement, decode_entries, encode_entries, group_state
 from ._reduce import (
     HEADER,
@@ -56,12 +55,11 @@ from ._rules import SpecTable
 from ._store import Store
 from ._table import StateTable
 
-__all__ = ["check_timeout", "describe_tag", "prepare", "resolve_group", "sync", "sync_table"]
+__all__ = ["describe_tag", "prepare", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
 _NO_WINDOW = (0, 0)
-_MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
 
 
 def sync(
@@ -85,7 +83,7 @@ def prepare(
     device error, seconds)``, or None without a process group. ``private`` gives a table
     nothing else will change (an async sync runs while the caller records on)."""
     seconds = check_timeout(timeout)  # bad arguments fail with or without a process group
-    dist = _initialized_dist()
+    dist = initialized_dist()
     if dist is None:
         return None
     group = resolve_group(dist, group)
@@ -106,54 +104,6 @@ def _snapshot(store: Store) -> tuple[StateTable, ValueError | None]:
         return store.snapshot(), exc
 
 
-def check_timeout(timeout: Any) -> float | None:
-    """Seconds as a float; None (and timeouts beyond ``timedelta``'s range) wait without a limit."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    seconds = float(timeout)
-    if not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return seconds if seconds < _MAX_TIMEOUT else None
-
-
-def _initialized_dist() -> Any:
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def resolve_group(dist: Any, group: Any) -> Any:
-    """A process group: ``None`` is the default group, a 1-D ``DeviceMesh`` its group."""
-    if group is None:
-        return dist.group.WORLD
-    if type(group).__name__ == "DeviceMesh":
-        if group.ndim != 1:
-            raise ValueError(
-                f"sync takes a 1-D DeviceMesh (e.g. mesh['dp']), got one with {group.ndim} dims"
-            )
-        return group.get_group()
-    return group
-
-
-def _group_key(dist: Any, group: Any) -> Hashable:
-    return (getattr(group, "group_name", None), tuple(dist.get_process_group_ranks(group)))
-
-
-def _device(dist: Any, group: Any) -> Any:
-    import torch
-
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def sync_table(
     dist: Any,
     group: Any,
@@ -169,7 +119,7 @@ def sync_table(
     ones; see :mod:`metricsync._async`): ranks whose tags differ raise
     ``SyncError``, since they are merging different ``Metrics``.
     """
-    state = group_state(_group_key(dist, group))
+    state = group_state(group_key(dist, group))
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "
@@ -181,7 +131,7 @@ def sync_table(
         raise SyncError(
             "metricsync sync: another thread's sync on this group did not finish in time"
         )
-    comm = Comm(dist, group, deadline, state, _device(dist, group))
+    comm = Comm(dist, group, deadline, state, comm_device(dist, group))
     try:
         result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
         state.seq += 1

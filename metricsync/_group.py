@@ -1,0 +1,65 @@
+"""Process groups as a sync sees them: the default group, a 1-D ``DeviceMesh``, the device
+collectives run on, the key a group's memory is kept under, and timeouts.
+
+>>> check_timeout(2), check_timeout(None)
+(2.0, None)
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Hashable
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["check_timeout", "comm_device", "group_key", "initialized_dist", "resolve_group"]
+
+_MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """Seconds as a float; None (and timeouts beyond ``timedelta``'s range) wait without a limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    seconds = float(timeout)
+    if not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return seconds if seconds < _MAX_TIMEOUT else None
+
+
+def initialized_dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def resolve_group(dist: Any, group: Any) -> Any:
+    """A process group: ``None`` is the default group, a 1-D ``DeviceMesh`` its group."""
+    if group is None:
+        return dist.group.WORLD
+    if type(group).__name__ == "DeviceMesh":
+        if group.ndim != 1:
+            raise ValueError(
+                f"sync takes a 1-D DeviceMesh (e.g. mesh['dp']), got one with {group.ndim} dims"
+            )
+        return group.get_group()
+    return group
+
+
+def group_key(dist: Any, group: Any) -> Hashable:
+    return (getattr(group, "group_name", None), tuple(dist.get_process_group_ranks(group)))
+
+
+def comm_device(dist: Any, group: Any) -> Any:
+    import torch
+
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
