@@ -42,20 +42,38 @@ _REAL_KINDS = "biuf"
 HOST_DEVICE_TYPES = frozenset({"cpu"})
 
 
+def _loaded_torch() -> Any:
+    """The torch module if it was imported (never importing it); None otherwise.
+
+    Another thread may be importing torch right now (a first ``sync`` does):
+    then the module is in ``sys.modules`` but partly initialized, and the
+    import statement waits until it is complete.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and not hasattr(torch, "from_dlpack"):  # set late in torch's import
+        import torch  # waits for the importing thread (returns at once inside that import)
+    return torch
+
+
 def is_torch(value: object) -> bool:
     """Whether ``value`` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
+    if torch is None:
+        return False
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is None:  # torch is being imported by another thread: wait for it
+        tensor = getattr(_loaded_torch(), "Tensor", None)
+    return tensor is not None and isinstance(value, tensor)
 
 
 def as_torch(value: object) -> Any:
     """A torch view of a ``__dlpack__`` object (device kept), or None if not applicable."""
     if is_torch(value):
         return value
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-        return torch.from_dlpack(value)
-    return None
+    if not hasattr(value, "__dlpack__") or isinstance(value, np.ndarray):
+        return None
+    torch = _loaded_torch()
+    return None if torch is None else torch.from_dlpack(value)
 
 
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
