@@ -275,7 +275,8 @@ def fold(
     # a column a metric does not carry holds its identity: state depends on records only
     carried = np.array([al.carries(spec) for spec in used]).T
     cols[~carried] = np.broadcast_to(al.IDENTITY[:, None], cols.shape)[~carried]
-    cells = _cells(slots, used, values, weights, starts, per_slot)
+    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
+        cells = _cells(slots, used, values, weights, starts, per_slot)
     return slots, cols, cells
 
 

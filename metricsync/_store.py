@@ -216,8 +216,9 @@ class Store:
                 dev.clear_errors()
                 _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
             table.merge_state(slots, cols)
-            for slot, extra in cells.items():
-                table.sketches[slot] += extra
+            with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+                for slot, extra in cells.items():
+                    table.sketches[slot] += extra
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records count)."""

@@ -145,7 +145,8 @@ class StateTable:
 
     def add_cells(self, slot: int, cells: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts`` to the distinct sketch ``cells`` of ``slot``."""
-        self.sketches[slot][cells] += counts
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+            self.sketches[slot][cells] += counts
 
     def holds(self) -> np.ndarray:
         """Per slot: whether it holds samples (its own, or finished ranks of an aggregate)."""
@@ -172,7 +173,8 @@ class StateTable:
             self.merge_state(np.asarray(mine)[exact], other.state[:, exact])
             for t in theirs[exact].tolist():
                 if t in other.sketches:
-                    self.sketches[mine[t]] += other.sketches[t]
+                    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+                        self.sketches[mine[t]] += other.sketches[t]
         if exact.all():
             return
         own = other.own_values()
