@@ -196,6 +196,8 @@ def device_weight(name: str, weight: Any, x: Any) -> Any:
     if np.ndim(weight) == 0 and not isinstance(weight, np.ndarray):
         return float(host_weights(name, weight, ())[0])
     flat = host_weights(name, weight, tuple(x.shape))
+    if not flat.flags.writeable:  # a broadcast view: torch warns about read-only arrays
+        flat = flat.copy()
     return _on_device(torch.from_numpy(flat.reshape(x.shape)), x.device)
 
 
