@@ -76,6 +76,27 @@ def as_torch(value: object) -> Any:
     return None if torch is None else torch.from_dlpack(value)
 
 
+#: torch dtypes read as numbers (float8 and bfloat16 through float32); others raise TypeError
+_READABLE_DTYPES = (
+    ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"),
+    ("float16", "bfloat16", "float32", "float64"),
+    ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"),
+)
+
+
+def _readable_dtypes() -> frozenset[Any]:
+    global _READABLE
+    if _READABLE is None:
+        import torch
+
+        names = [n for group in _READABLE_DTYPES for n in group if hasattr(torch, n)]
+        _READABLE = frozenset(getattr(torch, n) for n in names)
+    return _READABLE
+
+
+_READABLE: frozenset[Any] | None = None
+
+
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
     """``TypeError`` naming the metric for tensors metricsync cannot read as real samples."""
     layout = str(t.layout)
@@ -93,13 +114,18 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
             f"metric {name!r}: a {layout.removeprefix('torch.')} {what} tensor; "
             "record t.to_dense() (or its values())"
         )
+    if t.dtype not in _readable_dtypes():
+        raise TypeError(
+            f"metric {name!r}: cannot read a {what} tensor of dtype {t.dtype} as numbers; "
+            "convert it to a float dtype first (e.g. t.to(torch.float32))"
+        )
 
 
 def _type_error(name: str, what: str, value: object) -> TypeError:
     return TypeError(f"metric {name!r}: expected {what}, got {type(value).__name__}")
 
 
-def _as_array(name: str, value: object, what: str) -> np.ndarray:
+def _as_array(name: str, value: object, what: str, role: str) -> np.ndarray:
     if isinstance(value, (str, bytes, bytearray)) or value is None or isinstance(value, complex):
         raise _type_error(name, what, value)
     if isinstance(value, (bool, int, float)):
@@ -108,7 +134,7 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
         except OverflowError:
             raise ValueError(f"metric {name!r}: {value!r:.40} does not fit in a float64") from None
     if is_torch(value):
-        return _tensor_array(name, value, what)
+        return _tensor_array(name, value, role)
     try:
         arr = np.asarray(value)
     except Exception as exc:  # an object whose __array__ fails
@@ -120,11 +146,11 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
     return arr
 
 
-def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
+def _tensor_array(name: str, t: Any, role: str) -> np.ndarray:
     """A host (CPU) tensor as numpy: a zero-copy view where numpy knows the dtype."""
     import torch
 
-    check_tensor(name, t, what)
+    check_tensor(name, t, role)
     if t.requires_grad:
         t = t.detach()
     if t.dtype in (torch.bfloat16,) or (t.dtype.itemsize == 1 and t.is_floating_point()):
@@ -136,13 +162,14 @@ def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
 def host_values(name: str, value: object) -> np.ndarray:
     """Flat float64 samples from a host value (a view where possible: the caller copies what
     it keeps); ``TypeError`` naming the metric otherwise."""
-    arr = _as_array(name, value, "a real number, array or tensor")
+    arr = _as_array(name, value, "a real number, array or tensor", "value")
     return np.asarray(arr, dtype=np.float64).reshape(-1)
 
 
 def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarray:
     """Weights broadcast to ``shape`` and flattened; finite and non-negative."""
-    arr = _as_array(name, weight, "a real weight (number or array)").astype(np.float64, copy=False)
+    arr = _as_array(name, weight, "a real weight (number or array)", "weight")
+    arr = arr.astype(np.float64, copy=False)
     try:
         arr = np.broadcast_to(arr, shape)
     except ValueError:
@@ -158,7 +185,7 @@ def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarra
 
 def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
     """A flat float64 0/1 weight from a boolean (or 0/1 numeric) mask of exactly ``shape``."""
-    arr = _as_array(name, mask, "a boolean mask array")
+    arr = _as_array(name, mask, "a boolean mask array", "mask")
     if arr.shape != tuple(shape):
         raise ValueError(
             f"metric {name!r}: mask has shape {arr.shape}, the value has shape {tuple(shape)}"
