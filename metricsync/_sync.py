@@ -147,7 +147,7 @@ def sync_table(
     timeout: float | None,
 ) -> StateTable:
     """The merge of ``table`` over every rank of ``group`` (see the module docstring)."""
-    state = group_state(_group_key(dist, group))
+    state = group_state(_group_key(dist, group), group)
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "
