@@ -347,9 +347,18 @@ class Metrics:
     ) -> Any:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
-        Without an initialized process group, a copy. With ``async_op=True``, a
-        handle (``wait()``, ``done()``) whose state is taken at the call. See
-        :mod:`metricsync._sync`.
+        Without an initialized process group, a copy. ``group`` is a process
+        group or a 1-D ``DeviceMesh`` (``mesh["dp"]``). With ``async_op=True``, a
+        handle (``wait()``, ``done()``) whose state is taken at the call.
+
+        ``timeout`` (seconds) bounds the whole call, all its collectives
+        together. A collective that fails or times out raises ``SyncError``, and
+        the group's collectives are then out of step (a peer may still be inside
+        the one abandoned here): every later sync on that group raises
+        ``SyncError`` at once, naming the failure, without entering a
+        collective. To sync again, use a new process group
+        (``dist.new_group(...)``, or ``destroy_process_group()`` then
+        ``init_process_group(...)``). See :mod:`metricsync._sync`.
         """
         from ._sync import sync
 
