@@ -18,6 +18,7 @@ with one of them records nothing.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib.util
 import json
 import math
@@ -311,3 +312,46 @@ def test_narrow_and_unusual_dtypes_work(dtype: str, device: bool) -> None:
         got = m.compute()
     assert {k: v for k, v in got.items() if k.startswith("x/")} == want.compute()
     assert got["y"] == 8.0 and got["z"] == 3.75
+
+
+# ------------------------------------------------------- glob resolution
+
+GLOB_TEXT = st.text(alphabet="ab/*?[]!x", min_size=1, max_size=6)
+
+
+@given(st.lists(GLOB_TEXT, max_size=12, unique=True), st.lists(st.text("ab/x[]", max_size=6)))
+@settings(max_examples=300, deadline=None)
+def test_glob_resolution_is_the_longest_matching_pattern(
+    patterns: list[str], names: list[str]
+) -> None:
+    from metricsync._spec import SpecTable
+
+    globs = [p for p in patterns if SpecTable.is_glob(p)]
+    specs = {p: ms.Spec("max", fmt=f".{i}f") for i, p in enumerate(globs)}
+    table = SpecTable(specs)
+    ordered = sorted(globs, key=lambda p: (-len(p), p))  # the documented order
+    for name in [*names, *globs]:
+        want = next((specs[p] for p in ordered if fnmatch.fnmatchcase(name, p)), None)
+        if name in specs:  # a declared name such as "acc[top1]" is itself first
+            want = specs[name]
+        assert table.explicit(name) == want, (name, globs)
+
+
+def test_many_names_against_many_globs_is_not_quadratic() -> None:
+    n = 2000
+    rules = {f"g{i}/*": ms.Spec("max") for i in range(n)}
+    m = ms.Metrics(rules)
+    for i in range(n):
+        m.record(f"g{i}/x", float(i))
+    calls = [0]
+    original = fnmatch.fnmatchcase
+
+    def counting(name: str, pattern: str) -> bool:
+        calls[0] += 1
+        return original(name, pattern)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fnmatch, "fnmatchcase", counting)
+        merged = ms.Metrics.from_bytes(m.to_bytes()).merge(m.copy())
+    assert merged.compute()[f"g{n - 1}/x"] == n - 1
+    assert calls[0] <= 10 * n  # a glob or two per name, not every glob per name (4,000,000)
