@@ -12,7 +12,7 @@ column meaning                                          merge
 ====== ================================================ ===========
 W      sum of weights (``count``)                       sum
 S      sum of weight * value (``mean = S / W``)         sum
-MAX    largest value with weight > 0                    max
+MAX    largest value with weight > 0                    max (0.0 > -0.0)
 NEGMIN minus the smallest value with weight > 0         max
 T      recording time (us) of the latest kept sample    max
 LAST   that sample (equal times: the larger, NaN wins)  by T
@@ -175,8 +175,9 @@ def merge(a: Any, b: Any, xp: Any) -> Any:
 
 
 def _greater(x: Any, y: Any, xp: Any) -> Any:
-    """``x > y`` in a total order where NaN is the largest value."""
-    return (x > y) | (xp.isnan(x) & ~xp.isnan(y))
+    """``x > y`` in a total order where NaN is the largest value and ``0.0 > -0.0``."""
+    signed_zero = (x == y) & xp.signbit(y) & ~xp.signbit(x)
+    return (x > y) | (xp.isnan(x) & ~xp.isnan(y)) | signed_zero
 
 
 def _rank_of(a: Any, b: Any, ra: Any, rb: Any, xp: Any) -> Any:
@@ -187,7 +188,8 @@ def _rank_of(a: Any, b: Any, ra: Any, rb: Any, xp: Any) -> Any:
 
 def _merge(a: Any, b: Any, xp: Any) -> Any:
     out = a + b  # the SUM columns; every other column is overwritten below
-    out[_MAX] = xp.maximum(a[_MAX], b[_MAX])
+    ma, mb = a[_MAX], b[_MAX]
+    out[_MAX] = xp.where(_greater(mb, ma, xp), mb, ma)  # not maximum: 0.0 and -0.0 commute
     ta, tb = a[T], b[T]
     take_b = (tb > ta) | ((tb == ta) & _greater(b[LAST], a[LAST], xp))
     out[LAST] = xp.where(take_b, b[LAST], a[LAST])

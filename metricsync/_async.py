@@ -325,9 +325,9 @@ def _tag(store: Store, key: Hashable) -> int:
 
 def sync_async(store: Store, group: Any, timeout: Any, wrap: Callable[[Store], Any]) -> SyncHandle:
     """A handle for the merge over ``group`` of ``store`` as it is now (see the module)."""
-    prepared = prepare(store, group, timeout, private=True)
+    prepared = prepare(store, group, timeout)
     if prepared is None:
-        return done_handle(wrap(Store(store.rules.copy(), store.snapshot().copy())))
+        return done_handle(wrap(Store(store.rules.copy(), store.snapshot())))
     _, group, table, rules, error, seconds = prepared
     return submit(store, group, table, rules, error, seconds, wrap)
 

@@ -42,26 +42,66 @@ _REAL_KINDS = "biuf"
 HOST_DEVICE_TYPES = frozenset({"cpu"})
 
 
+def _loaded_torch() -> Any:
+    """The torch module if it was imported (never importing it); None otherwise.
+
+    Another thread may be importing torch right now (a first ``sync`` does):
+    then the module is in ``sys.modules`` but partly initialized, and the
+    import statement waits until it is complete.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and not hasattr(torch, "from_dlpack"):  # set late in torch's import
+        import torch  # waits for the importing thread (returns at once inside that import)
+    return torch
+
+
 def is_torch(value: object) -> bool:
     """Whether ``value`` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
+    if torch is None:
+        return False
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is None:  # torch is being imported by another thread: wait for it
+        tensor = getattr(_loaded_torch(), "Tensor", None)
+    return tensor is not None and isinstance(value, tensor)
 
 
 def as_torch(value: object) -> Any:
     """A torch view of a ``__dlpack__`` object (device kept), or None if not applicable."""
     if is_torch(value):
         return value
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-        return torch.from_dlpack(value)
-    return None
+    if not hasattr(value, "__dlpack__") or isinstance(value, np.ndarray):
+        return None
+    torch = _loaded_torch()
+    return None if torch is None else torch.from_dlpack(value)
+
+
+#: torch dtypes read as numbers (float8 and bfloat16 through float32); others raise TypeError
+_READABLE_DTYPES = (
+    ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"),
+    ("float16", "bfloat16", "float32", "float64"),
+    ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"),
+)
+
+
+def _readable_dtypes() -> frozenset[Any]:
+    global _READABLE
+    if _READABLE is None:
+        import torch
+
+        names = [n for group in _READABLE_DTYPES for n in group if hasattr(torch, n)]
+        _READABLE = frozenset(getattr(torch, n) for n in names)
+    return _READABLE
+
+
+_READABLE: frozenset[Any] | None = None
 
 
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
     """``TypeError`` naming the metric for tensors metricsync cannot read as real samples."""
     torch = sys.modules["torch"]
-    if t.layout is torch.strided and not (t.is_complex() or t.is_quantized or t.is_nested):
+    strided = t.layout is torch.strided
+    if strided and t.dtype in _readable_dtypes() and not (t.is_quantized or t.is_nested):
         return
     if t.is_complex():
         raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {t.dtype}")
@@ -72,9 +112,14 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
         )
     if t.is_quantized:
         raise TypeError(f"metric {name!r}: a quantized {what} tensor; record t.dequantize()")
-    layout = str(t.layout).removeprefix("torch.")
+    if not strided:
+        layout = str(t.layout).removeprefix("torch.")
+        raise TypeError(
+            f"metric {name!r}: a {layout} {what} tensor; record t.to_dense() (or its values())"
+        )
     raise TypeError(
-        f"metric {name!r}: a {layout} {what} tensor; record t.to_dense() (or its values())"
+        f"metric {name!r}: cannot read a {what} tensor of dtype {t.dtype} as numbers; "
+        "convert it to a float dtype first (e.g. t.to(torch.float32))"
     )
 
 
@@ -82,7 +127,7 @@ def _type_error(name: str, what: str, value: object) -> TypeError:
     return TypeError(f"metric {name!r}: expected {what}, got {type(value).__name__}")
 
 
-def _as_array(name: str, value: object, what: str) -> np.ndarray:
+def _as_array(name: str, value: object, what: str, role: str) -> np.ndarray:
     if isinstance(value, (str, bytes, bytearray)) or value is None or isinstance(value, complex):
         raise _type_error(name, what, value)
     if isinstance(value, (bool, int, float)):
@@ -91,7 +136,7 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
         except OverflowError:
             raise ValueError(f"metric {name!r}: {value!r:.40} does not fit in a float64") from None
     if is_torch(value):
-        return _tensor_array(name, value, what)
+        return _tensor_array(name, value, role)
     try:
         arr = np.asarray(value)
     except Exception as exc:  # an object whose __array__ fails
@@ -103,9 +148,9 @@ def _as_array(name: str, value: object, what: str) -> np.ndarray:
     return arr
 
 
-def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
+def _tensor_array(name: str, t: Any, role: str) -> np.ndarray:
     """A host (CPU) tensor as numpy: a zero-copy view where numpy knows the dtype."""
-    check_tensor(name, t, what)
+    check_tensor(name, t, role)
     if t.requires_grad:
         t = t.detach()
     if t.dtype.itemsize < 4 and t.is_floating_point():  # float16/bfloat16/float8
@@ -119,13 +164,14 @@ def _tensor_array(name: str, t: Any, what: str) -> np.ndarray:
 def host_values(name: str, value: object) -> np.ndarray:
     """Flat real samples from a host value (a view where possible, in its own dtype: the
     caller converts and copies what it keeps); ``TypeError`` naming the metric otherwise."""
-    arr = _as_array(name, value, "a real number, array or tensor")
+    arr = _as_array(name, value, "a real number, array or tensor", "value")
     return arr.reshape(-1)
 
 
 def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarray:
     """Weights broadcast to ``shape`` and flattened; finite and non-negative."""
-    arr = _as_array(name, weight, "a real weight (number or array)").astype(np.float64, copy=False)
+    arr = _as_array(name, weight, "a real weight (number or array)", "weight")
+    arr = arr.astype(np.float64, copy=False)
     try:
         arr = np.broadcast_to(arr, shape)
     except ValueError:
@@ -141,7 +187,7 @@ def host_weights(name: str, weight: object, shape: tuple[int, ...]) -> np.ndarra
 
 def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
     """A flat boolean array from a boolean (or 0/1 numeric) mask of exactly ``shape``."""
-    arr = _as_array(name, mask, "a boolean mask array")
+    arr = _as_array(name, mask, "a boolean mask array", "mask")
     if arr.shape != tuple(shape):
         raise ValueError(
             f"metric {name!r}: mask has shape {arr.shape}, the value has shape {tuple(shape)}"
@@ -180,6 +226,8 @@ def device_weight(name: str, weight: Any, x: Any) -> Any:
     if np.ndim(weight) == 0 and not isinstance(weight, np.ndarray):
         return float(host_weights(name, weight, ())[0])
     flat = host_weights(name, weight, tuple(x.shape))
+    if not flat.flags.writeable:  # a broadcast view: torch warns about read-only arrays
+        flat = flat.copy()
     return _on_device(torch.from_numpy(flat.reshape(x.shape)), x.device)
 
 

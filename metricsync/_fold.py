@@ -126,9 +126,12 @@ def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> 
     layout = sketch_layout(spec.accuracy)
     cell, clamped = cells_numpy(layout, x)
     touched, where = np.unique(cell, return_inverse=True)
-    counts = np.bincount(where, w, minlength=len(touched))
+    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
+        counts = np.bincount(where, w, minlength=len(touched))
+        extra = (
+            0 if clamped is None else np.count_nonzero(clamped) if w is None else w[clamped].sum()
+        )
     if clamped is not None:
-        extra = np.count_nonzero(clamped) if w is None else w[clamped].sum()
         touched = np.r_[touched, layout.clamped_cell]
         counts = np.r_[counts, extra]
     return slot, touched, counts

@@ -87,16 +87,17 @@ def sketch_histogram(
         edges[0] = min(max(edges[0], vmin), edges[1])
     if np.isfinite(vmax):
         edges[-1] = max(min(edges[-1], vmax), edges[-2])
-    mids = 0.5 * (edges[:-1] + edges[1:])
-    return Histogram(
-        edges=edges,
-        counts=kept,
-        min=float(vmin),
-        max=float(vmax),
-        total=float(kept.sum()),
-        sum=float((kept * mids).sum()),
-        sum_squares=float((kept * mids * mids).sum()),
-    )
+    with np.errstate(over="ignore", invalid="ignore"):  # counts or values beyond float64
+        mids = 0.5 * (edges[:-1] + edges[1:])
+        return Histogram(
+            edges=edges,
+            counts=kept,
+            min=float(vmin),
+            max=float(vmax),
+            total=float(kept.sum()),
+            sum=float((kept * mids).sum()),
+            sum_squares=float((kept * mids * mids).sum()),
+        )
 
 
 def table_histograms(table: StateTable) -> dict[str, Histogram]:

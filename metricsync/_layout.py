@@ -3,8 +3,10 @@
 A :class:`Layout` is an agreed, name-sorted list of (name, spec) with a
 62-bit fingerprint and, per state column, the positions whose spec carries
 it. Each process group remembers the last agreed layout (a
-:class:`GroupState`, keyed by the group's name and ranks, never by ``id``),
-so a steady sync packs straight into it. When a rank holds a name the layout
+:class:`GroupState`, keyed by the group's name and ranks, never by ``id``,
+and tied to the group object by a weak reference: a group re-created under
+the same name, as ``init_process_group`` after ``destroy_process_group``
+does, starts afresh), so a steady sync packs straight into it. When a rank holds a name the layout
 lacks, ranks exchange only those new entries (:func:`encode_entries`, bytes
 in ``uint8`` tensors, no pickle) and extend the layout with them.
 
@@ -23,8 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Hashable, Iterable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +140,11 @@ class GroupState:
     windows: dict[tuple[str, Spec], tuple[int, int]] = field(default_factory=dict)
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
+    owner: Callable[[], Any] | None = None  # a weak reference to the group object
+
+    def belongs_to(self, group: Any) -> bool:
+        """Whether this state is ``group``'s (not a former group's of the same name)."""
+        return self.owner is None or self.owner() is group
 
 
 @dataclass(frozen=True)
@@ -152,10 +161,15 @@ _GROUPS: dict[Hashable, GroupState] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
-def group_state(key: Hashable) -> GroupState:
-    """The state of the group ``key`` (created on first use)."""
+def group_state(key: Hashable, group: Any = None) -> GroupState:
+    """The state of the group ``key`` (created on first use, and anew for a new ``group``
+    object under a former one's key)."""
     with _GROUPS_LOCK:
         state = _GROUPS.get(key)
-        if state is None:
-            state = _GROUPS[key] = GroupState()
+        if state is None or (group is not None and not state.belongs_to(group)):
+            try:
+                owner: Callable[[], Any] | None = None if group is None else weakref.ref(group)
+            except TypeError:  # an object without weak references: the key alone
+                owner = None
+            state = _GROUPS[key] = GroupState(owner=owner)
         return state

@@ -296,16 +296,14 @@ class Metrics:
         if not isinstance(other, Metrics):
             raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")
         theirs = _store_of(other)
-        rules, table = theirs.rules, theirs.snapshot()
-        if other is self:
-            table = table.copy()
+        rules, table = theirs.rules, theirs.snapshot()  # a copy, so merging self is safe
         self._store.absorb(rules, table)
         return self
 
     def copy(self) -> Metrics:
         """An independent copy (specs and state)."""
         store = self._store
-        return self._from_store(Store(store.rules.copy(), store.snapshot().copy()))
+        return self._from_store(Store(store.rules.copy(), store.snapshot()))
 
     # ---------------------------------------------------- bytes, checkpoints
 
@@ -340,9 +338,18 @@ class Metrics:
     ) -> Any:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
-        Without an initialized process group, a copy. With ``async_op=True``, a
-        handle (``wait()``, ``done()``) whose state is taken at the call. See
-        :mod:`metricsync._sync`.
+        Without an initialized process group, a copy. ``group`` is a process
+        group or a 1-D ``DeviceMesh`` (``mesh["dp"]``). With ``async_op=True``, a
+        handle (``wait()``, ``done()``) whose state is taken at the call.
+
+        ``timeout`` (seconds) bounds the whole call, all its collectives
+        together. A collective that fails or times out raises ``SyncError``, and
+        the group's collectives are then out of step (a peer may still be inside
+        the one abandoned here): every later sync on that group raises
+        ``SyncError`` at once, naming the failure, without entering a
+        collective. To sync again, use a new process group
+        (``dist.new_group(...)``, or ``destroy_process_group()`` then
+        ``init_process_group(...)``). See :mod:`metricsync._sync`.
         """
         if async_op:
             return sync_async(self._store, group, timeout, self._from_store)

@@ -89,6 +89,10 @@ def query(
         end = max(window(layout, float(hi.max()), float(hi.max()))[1], first_cell + 1)
     cum = np.cumsum(c[:, first_cell:end], axis=1)
     total = cum[:, -1]
+    if not np.isfinite(total).all():  # weights beyond float64: rank positions over every cell
+        first_cell, end = 0, layout.nan_cell
+        cum = np.cumsum(c[:, :end], axis=1)
+        total = cum[:, -1]
     reps = _representatives(layout)[first_cell:end]
     last = end - first_cell - 1
     out = np.empty((c.shape[0], q.size))

@@ -14,12 +14,58 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import re
 from collections.abc import Iterator
 
 from ._errors import SpecMismatchError
 from ._spec import DEFAULT_SPEC, Spec, canonical
 
 __all__ = ["SpecTable"]
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class _GlobIndex:
+    """Globs in resolution order (longest pattern first, then by text), bucketed by the
+    literal text before their first glob character: a name is matched only against the
+    globs whose literal prefix it starts with, not against every glob.
+
+    >>> index = _GlobIndex({"t/*": Spec("max"), "t/g*": Spec("sum"), "*": Spec("min")})
+    >>> index.match("t/gen"), index.match("t/x"), index.match("loss"), index.match("")
+    (Spec('sum'), Spec('max'), Spec('min'), Spec('min'))
+    """
+
+    __slots__ = ("buckets", "lengths")
+
+    def __init__(self, globs: dict[str, Spec]) -> None:
+        ordered = sorted(globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
+        buckets: dict[str, list[tuple[int, str, Spec]]] = {}
+        for rank, (pattern, spec) in enumerate(ordered):
+            found = _GLOB_CHARS.search(pattern)
+            prefix = pattern if found is None else pattern[: found.start()]
+            buckets.setdefault(prefix, []).append((rank, pattern, spec))
+        self.buckets = buckets
+        self.lengths = sorted({len(prefix) for prefix in buckets})
+
+    def match(self, name: str) -> Spec | None:
+        """The spec of the first glob in resolution order that matches ``name``."""
+        best_rank, best = -1, None
+        for n in self.lengths:
+            if n > len(name):
+                break
+            bucket = self.buckets.get(name[:n])
+            if bucket is None:
+                continue
+            for rank, pattern, spec in bucket:  # in resolution order
+                if best is not None and rank > best_rank:
+                    break
+                if fnmatch.fnmatchcase(name, pattern):
+                    best_rank, best = rank, spec
+                    break
+        return best
+
+
+_NO_GLOBS = _GlobIndex({})
 
 
 class SpecTable:
@@ -33,7 +79,7 @@ class SpecTable:
     def __init__(self, rules: dict[str, Spec] | None = None) -> None:
         self._exact: dict[str, Spec] = {}
         self._globs: dict[str, Spec] = {}
-        self._ordered_globs: list[tuple[str, Spec]] = []
+        self._glob_index = _NO_GLOBS
         self._shared = False
         for key, spec in (rules or {}).items():
             self.add(key, spec)
@@ -79,7 +125,6 @@ class SpecTable:
             return False
         if self._shared:  # detach from the tables this one was copied from or to
             self._exact, self._globs = dict(self._exact), dict(self._globs)
-            self._ordered_globs = list(self._ordered_globs)
             self._shared = False
         if self.is_glob(key):
             self._globs[key] = canonical(spec)
@@ -88,7 +133,7 @@ class SpecTable:
         return True
 
     def _sort_globs(self) -> None:
-        self._ordered_globs = sorted(self._globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
+        self._glob_index = _GlobIndex(self._globs)
 
     def resolve(self, name: str) -> Spec:
         """The spec for ``name``: exact rule, else the longest matching glob, else ``Spec()``."""
@@ -101,10 +146,7 @@ class SpecTable:
             spec = self._globs.get(name)
         if spec is not None:
             return spec
-        for pattern, glob_spec in self._ordered_globs:
-            if fnmatch.fnmatchcase(name, pattern):
-                return glob_spec
-        return None
+        return self._glob_index.match(name)
 
     def copy(self) -> SpecTable:
         """An independent copy (copy-on-write: the rules are copied at the first ``add``)."""

@@ -233,7 +233,7 @@ class Store:
             self.prepare(name, value(), None, None)()
 
     def snapshot(self, devices: bool = True) -> StateTable:
-        """Table plus every pending sample, as a table the caller must not change.
+        """A copy of the table plus every pending sample.
 
         With ``devices``, device states come to the host (one copy per device);
         a device record that failed its checks raises ``ValueError`` naming the
@@ -244,8 +244,8 @@ class Store:
                 self._resolve_deferred()
             batch = self.pending.take(self.table.index, consume=False)
             live = devices and self.devices
-            if batch is None and not live:
-                return self.table
+            # always a copy: another thread may add slots to the live table while
+            # the caller reads this one outside the lock
             table = self.table.copy()
             if batch is not None:
                 self._fold_into_table(batch, table)
@@ -260,8 +260,9 @@ class Store:
                 dev.clear_errors()
                 _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
             table.merge_state(slots, cols)
-            for slot, extra in cells.items():
-                table.sketches[slot] += extra
+            with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+                for slot, extra in cells.items():
+                    table.sketches[slot] += extra
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records and CUDA

@@ -69,19 +69,19 @@ def sync(
     wrap: Callable[[Store], Any] = lambda store: store,
 ) -> Any:
     """``wrap`` of a store holding the merge over ``group``, identical on every rank."""
-    prepared = prepare(store, group, timeout, private=False)
+    prepared = prepare(store, group, timeout)
     if prepared is None:
-        return wrap(Store(store.rules.copy(), store.snapshot().copy()))
+        return wrap(Store(store.rules.copy(), store.snapshot()))
     dist, group, table, rules, error, seconds = prepared
     return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
 
 
 def prepare(
-    store: Store, group: Any, timeout: Any, private: bool
+    store: Store, group: Any, timeout: Any
 ) -> tuple[Any, Any, StateTable, SpecTable, ValueError | None, float | None] | None:
     """Check the arguments and take the snapshot a sync merges: ``(dist, group, table, rules,
-    device error, seconds)``, or None without a process group. ``private`` gives a table
-    nothing else will change (an async sync runs while the caller records on)."""
+    device error, seconds)``, or None without a process group. The table is a copy that
+    nothing else changes (an async sync runs while the caller records on)."""
     seconds = check_timeout(timeout)  # bad arguments fail with or without a process group
     dist = initialized_dist()
     if dist is None:
@@ -91,8 +91,6 @@ def prepare(
         raise ValueError("this rank is not a member of the given process group")
     with store.lock:
         table, error = _snapshot(store)
-        if private and table is store.table:  # later records and reset() change that one
-            table = table.copy()
     return dist, group, table, store.rules.copy(), error, seconds
 
 
@@ -119,7 +117,7 @@ def sync_table(
     ones; see :mod:`metricsync._async`): ranks whose tags differ raise
     ``SyncError``, since they are merging different ``Metrics``.
     """
-    state = group_state(group_key(dist, group))
+    state = group_state(group_key(dist, group), group)
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "

@@ -121,9 +121,9 @@ class StateTable:
             self.cols = np.concatenate([self.cols, identity(slot)], axis=1)
         spec = canonical(spec)
         self.names.append(name)
-        self.index[name] = slot
         self.specs.append(spec)
         self._configure(slot, spec)
+        self.index[name] = slot  # published last: a reader that finds it finds its spec
         return slot
 
     def respec(self, slot: int, spec: Spec) -> None:
@@ -179,7 +179,8 @@ class StateTable:
 
     def add_cells(self, slot: int, cells: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts`` to the distinct sketch ``cells`` of ``slot``."""
-        self.sketches[slot][cells] += counts
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+            self.sketches[slot][cells] += counts
 
     def holds(self) -> np.ndarray:
         """Per slot: whether it holds samples (its own, or finished ranks of an aggregate)."""
@@ -206,7 +207,8 @@ class StateTable:
             self.merge_state(np.asarray(mine)[exact], other.state[:, exact])
             for t in theirs[exact].tolist():
                 if t in other.sketches:
-                    self.sketches[mine[t]] += other.sketches[t]
+                    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+                        self.sketches[mine[t]] += other.sketches[t]
         if exact.all():
             return
         own = other.own_values()
