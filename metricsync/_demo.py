@@ -24,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from ._metrics import Metrics
+from ._progress import Progress
 from ._spec import Spec
+from ._tracker import Tracker
 
 __all__ = ["SPECS", "main"]
 
@@ -81,13 +84,9 @@ def _train_step(metrics: Any, rank: int, step: int, steps: int, rng: np.random.G
 
 
 def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple[str, ...]) -> str:
-    import metricsync as ms
-
-    from ._progress import Progress
-    from ._tracker import Tracker
 
     rng = np.random.default_rng(1234 + rank)
-    metrics = ms.Metrics(SPECS)
+    metrics = Metrics(SPECS)
     # rank 0 draws a bar on stderr when it is a terminal (tqdm when installed)
     bar = Progress(steps if rank == 0 else 0, "demo", unit="step", minimum=1)
     with bar, Tracker(backends=backends, run_dir=out, rank=rank) as tracker:

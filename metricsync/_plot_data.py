@@ -29,6 +29,7 @@ import numpy as np
 from ._logfile import Formats, match_keys
 from ._logread import read_timeline, scan
 from ._progress import Progress
+from ._show import log_file
 
 __all__ = ["Panel", "Run", "envelope", "ema", "load_runs", "make_panels"]
 
@@ -71,8 +72,6 @@ def load_runs(
 
     A progress bar (on a terminal, for large files) follows the reading.
     """
-    from ._show import log_file
-
     files = [log_file(p) for p in paths]
     total = sum(f.stat().st_size for f in files)
     runs: list[Run] = []

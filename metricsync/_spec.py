@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from ._sketch import sketch_layout
+
 __all__ = [
     "ACROSS_MODES",
     "canonical",
@@ -198,8 +200,6 @@ class Spec:
         quantiles = tuple(q for q in (quantile_of(s) for s in stats) if q is not None)
         needs_sketch = any(0.0 < q < 1.0 for q in quantiles)
         if needs_sketch:
-            from ._sketch import sketch_layout
-
             sketch_layout(accuracy)  # ValueError now, not at the first record, if it cannot fit
         else:
             # meaningless without a sketch: never a reason for two specs to differ
