@@ -14,9 +14,17 @@ of the original histogram.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar
+
 import numpy as np
 
-__all__ = ["MAX_BUCKETS", "bounded_buckets", "histogram_key"]
+if TYPE_CHECKING:
+    from .._histogram import Histogram
+
+__all__ = ["MAX_BUCKETS", "bounded_buckets", "histogram_key", "histogram_rows"]
+
+T = TypeVar("T")
 
 MAX_BUCKETS = 512
 """Bucket limit used by the built-in backends (W&B's own maximum)."""
@@ -56,3 +64,21 @@ def bounded_buckets(
         return edges, counts
     starts = np.arange(0, n, group)
     return np.append(edges[starts], edges[-1]), np.add.reduceat(counts, starts)
+
+
+def histogram_rows(
+    histograms: Mapping[str, Histogram],
+    make: Callable[[Histogram, np.ndarray, np.ndarray], T],
+    limit: int = MAX_BUCKETS,
+) -> Iterator[tuple[str, T]]:
+    """``(histogram_key(name), make(hist, edges, counts))`` per histogram, buckets bounded.
+
+    >>> import metricsync as ms
+    >>> m = ms.Metrics({"len": ms.Spec("p50")})
+    >>> m.record("len", [16, 32, 64])
+    >>> [(k, len(c)) for k, c in histogram_rows(m.histograms(), lambda h, e, c: c, 2)]
+    [('len/histogram', 2)]
+    """
+    for name, hist in histograms.items():
+        edges, counts = bounded_buckets(hist.edges, hist.counts, limit)
+        yield histogram_key(name), make(hist, edges, counts)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._buckets import MAX_BUCKETS, bounded_buckets, histogram_key
+from ._buckets import histogram_rows
 from ._config import as_config, flat_config
 from ._protocol import missing_package
 
@@ -131,22 +131,24 @@ class TensorBoardBackend:
 
     def log_histograms(self, histograms: Mapping[str, Histogram], step: int) -> None:
         """One TensorBoard histogram per key at ``step`` (adjacent buckets merged past 512)."""
-        items = []
-        for key, hist in histograms.items():
-            edges, counts = bounded_buckets(hist.edges, hist.counts, MAX_BUCKETS)
-            proto = self._histogram(
-                min=float(edges[0]),
-                max=float(edges[-1]),
-                num=float(np.sum(counts)),
-                sum=hist.sum,
-                sum_squares=hist.sum_squares,
-                bucket_limit=edges[1:].tolist(),
-                bucket=counts.tolist(),
-            )
-            items.append(self._summary.Value(tag=histogram_key(key), histo=proto))
+        items = [
+            self._summary.Value(tag=key, histo=proto)
+            for key, proto in histogram_rows(histograms, self._histogram_proto)
+        ]
         if items:
             self._write(step, items)
             self._writer.flush()
+
+    def _histogram_proto(self, hist: Histogram, edges: np.ndarray, counts: np.ndarray) -> Any:
+        return self._histogram(
+            min=float(edges[0]),
+            max=float(edges[-1]),
+            num=float(np.sum(counts)),
+            sum=hist.sum,
+            sum_squares=hist.sum_squares,
+            bucket_limit=edges[1:].tolist(),
+            bucket=counts.tolist(),
+        )
 
     def close(self) -> None:
         """Flush and close the event file; calling it again does nothing."""

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._buckets import MAX_BUCKETS, bounded_buckets, histogram_key
+from ._buckets import histogram_rows
 from ._config import as_config
 from ._protocol import missing_package
 
@@ -64,10 +64,7 @@ class TrackioBackend:
 
     def log_histograms(self, histograms: Mapping[str, Histogram], step: int) -> None:
         """One ``run.log`` call holding a ``trackio.Histogram`` per key at ``step``."""
-        row = {}
-        for key, hist in histograms.items():
-            edges, counts = bounded_buckets(hist.edges, hist.counts, MAX_BUCKETS)
-            row[histogram_key(key)] = self._histogram(np_histogram=(counts, edges))
+        row = dict(histogram_rows(histograms, lambda _, e, c: self._histogram(np_histogram=(c, e))))
         if row:
             self._run.log(row, step=step)
 

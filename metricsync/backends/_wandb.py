@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._buckets import MAX_BUCKETS, bounded_buckets, histogram_key
+from ._buckets import histogram_rows
 from ._config import as_config
 from ._protocol import missing_package
 
@@ -82,12 +82,14 @@ class WandbBackend:
 
     def log_histograms(self, histograms: Mapping[str, Histogram], step: int) -> None:
         """One ``run.log`` call holding a ``wandb.Histogram`` per key at ``step``."""
-        row = {}
-        for key, hist in histograms.items():
-            edges, counts = bounded_buckets(hist.edges, hist.counts, MAX_BUCKETS)
-            row[histogram_key(key)] = self._histogram(
-                np_histogram=(counts.tolist(), edges.tolist())
+        row = dict(
+            histogram_rows(
+                histograms,
+                lambda _, edges, counts: self._histogram(
+                    np_histogram=(counts.tolist(), edges.tolist())
+                ),
             )
+        )
         if row:
             self._run.log(row, step=step)
 
