@@ -247,6 +247,9 @@ def _values(raw: object, field: str, *, strict: bool) -> dict[str, float]:
         raise ValueError(f"expected {field!r} to be an object, got {type(raw).__name__}")
     values: dict[str, float] = {}
     for key, value in raw.items():
+        if type(value) is float:  # nearly every value: decode_value would return it as is
+            values[key] = value
+            continue
         if not strict and (
             isinstance(value, bool)
             or (
