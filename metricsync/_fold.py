@@ -171,9 +171,12 @@ def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> 
     """A metric's sketch additions from its samples: only the cells they touch."""
     layout = sketch_layout(spec.accuracy)
     cell, clamped = cells_numpy(layout, x)
-    touched, where = np.unique(cell, return_inverse=True)
+    lo = int(cell.min()) if len(cell) else 0
+    at = cell - lo  # samples span few cells: count them over that span, then keep the touched
     with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
-        counts = np.bincount(where, w, minlength=len(touched))
+        counts = np.bincount(at, w)
+        present = counts != 0 if w is None else np.bincount(at) != 0
+        touched, counts = np.flatnonzero(present) + lo, counts[present]
         extra = (
             0 if clamped is None else np.count_nonzero(clamped) if w is None else w[clamped].sum()
         )
