@@ -291,7 +291,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
     if runs.any():
         info = spec_info(specs)
         run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
-        need = set(np.flatnonzero(info.carried[:, np.unique(run_slot)].any(axis=1)).tolist())
+        need = set(np.flatnonzero(info.carried[:, run_slot].any(axis=1)).tolist())
         x, w = batch.values, batch.weights
         if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
             take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
