@@ -20,6 +20,7 @@ have. Sketch cells go through ``np.unique`` over the touched cells only.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,12 +29,57 @@ from . import _algebra as al
 from ._sketch import cells_numpy, sketch_layout
 from ._spec import Spec
 
-__all__ = ["Cells", "merge_by_slot", "reduce_record", "run_columns", "sketch_cells"]
+__all__ = [
+    "Cells",
+    "SpecInfo",
+    "merge_by_slot",
+    "reduce_record",
+    "run_columns",
+    "sketch_cells",
+    "spec_info",
+]
 
 #: ``(slot, cells, counts)``: additions to the distinct ``cells`` of a slot's sketch
 Cells = tuple[int, np.ndarray, np.ndarray]
 _SUM = [al.W, al.S, al.DROP]
 _MAX = [al.MAX, al.NEGMIN]
+
+
+class SpecInfo:
+    """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
+    carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
+
+    __slots__ = ("carried", "ignore", "keep", "sketch")
+
+    def __init__(self, specs: Sequence[Spec]) -> None:
+        self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
+        self.carried = (
+            np.array([al.carries(s) for s in specs], dtype=bool).reshape(-1, al.NCOL_ALL).T
+        )
+        self.ignore = np.array([s.nan == "ignore" for s in specs], dtype=bool)
+        self.sketch = np.array([s.needs_sketch for s in specs], dtype=bool)
+
+
+_INFO: dict[tuple[int, ...], SpecInfo] = {}
+_INFO_LOCK = threading.Lock()
+
+
+def spec_info(specs: Sequence[Spec]) -> SpecInfo:
+    """The :class:`SpecInfo` of ``specs`` (cached by the identity of each spec: a table's
+    spec list changes rarely, and is read at every fold).
+
+    >>> spec_info([Spec("max"), Spec(("mean", "p50"), nan="ignore")]).ignore.tolist()
+    [False, True]
+    """
+    key = tuple(map(id, specs))
+    info = _INFO.get(key)
+    if info is None:
+        info = SpecInfo(specs)
+        with _INFO_LOCK:  # folds run on several threads (async syncs)
+            while len(_INFO) >= 16:
+                _INFO.pop(next(iter(_INFO)))
+            _INFO[key] = info
+    return info
 
 
 def run_columns(
@@ -125,9 +171,12 @@ def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> 
     """A metric's sketch additions from its samples: only the cells they touch."""
     layout = sketch_layout(spec.accuracy)
     cell, clamped = cells_numpy(layout, x)
-    touched, where = np.unique(cell, return_inverse=True)
+    lo = int(cell.min()) if len(cell) else 0
+    at = cell - lo  # samples span few cells: count them over that span, then keep the touched
     with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
-        counts = np.bincount(where, w, minlength=len(touched))
+        counts = np.bincount(at, w)
+        present = counts != 0 if w is None else np.bincount(at) != 0
+        touched, counts = np.flatnonzero(present) + lo, counts[present]
         extra = (
             0 if clamped is None else np.count_nonzero(clamped) if w is None else w[clamped].sum()
         )
@@ -149,7 +198,7 @@ def merge_by_slot(
     first = np.flatnonzero(starts)
     slots = slot[first]
     # a column a metric does not carry holds its identity: state depends on records only
-    carried = np.array([al.carries(specs[s]) for s in slots.tolist()]).T
+    carried = spec_info(specs).carried[:, slots]
     if len(first) == len(slot):  # one row per slot: nothing to merge
         cols[~carried] = np.broadcast_to(al.IDENTITY[:, None], cols.shape)[~carried]
         return slots, cols

@@ -137,19 +137,25 @@ class Metrics:
                     return
             except (KeyError, TypeError, OverflowError):  # not open yet, unhashable, too big
                 pass
-        elif cls is _TENSOR[0] and weight is None and mask is None:
-            try:  # float() of a 0-d CPU tensor, a numpy view of a small one
+        elif cls is _TENSOR[0] and weight is None:
+            try:  # float() of a 0-d CPU tensor, a numpy view of a larger one
                 if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
-                    if value.requires_grad:
-                        value = value.detach()
-                    if value.dim() == 0:
-                        buf = self._fast[name]
-                        buf.append(float(value))  # host memory: no device read
-                        if len(buf) >= FAST_LIMIT:
-                            self._store.flush()
-                        return
-                    if name in self._fast and self._store.add_small(name, value.numpy()):
-                        return
+                    if mask is None:
+                        if not value.ndim:
+                            buf = self._fast[name]
+                            buf.append(float(value))  # host memory: no device read
+                            if len(buf) >= FAST_LIMIT:
+                                self._store.flush()
+                            return
+                        if value.requires_grad:
+                            value = value.detach()
+                        if name in self._fast and self._store.add_small(name, value.numpy()):
+                            return
+                    elif mask.__class__ is cls and name in self._fast:
+                        if value.requires_grad:
+                            value = value.detach()
+                        if self._store.add_masked(name, value, mask):
+                            return
             except (KeyError, TypeError, RuntimeError, ValueError):
                 pass
         elif cls is _NDARRAY and weight is None and mask is None and name in self._fast:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import _algebra as al
-from ._fold import Cells, merge_by_slot, run_columns, sketch_cells
+from ._fold import Cells, merge_by_slot, run_columns, sketch_cells, spec_info
 from ._spec import Spec
 
 __all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Batch", "HostPending", "fold"]
@@ -289,10 +289,9 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
     cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
     runs = batch.length > 0
     if runs.any():
+        info = spec_info(specs)
         run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
-        used = [specs[s] for s in run_slot.tolist()]
-        distinct = {id(spec): spec for spec in used}.values()
-        need = set().union(*(al.needed_columns(spec) for spec in distinct))
+        need = set(np.flatnonzero(info.carried[:, run_slot].any(axis=1)).tolist())
         x, w = batch.values, batch.weights
         if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
             take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
@@ -300,7 +299,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
             x, w = x[take], None if w is None else w[take]
             start = np.r_[0, np.cumsum(length)[:-1]]
         with np.errstate(all="ignore"):
-            ignore = np.array([spec.nan == "ignore" for spec in used])
+            ignore = info.ignore[run_slot]
             drops = None
             if ignore.any():
                 dropped = np.repeat(ignore, length) & ~np.isfinite(x)
@@ -315,7 +314,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
         cols.append(run_cols)
         slot.append(run_slot)
         stamp.append(batch.stamp[runs])
-        cells += _run_cells(used, run_slot, x, w, length)
+        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, length)
     slots, merged = merge_by_slot(
         np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), specs
     )
@@ -323,16 +322,19 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
 
 
 def _run_cells(
-    used: list[Spec], run_slot: np.ndarray, x: np.ndarray, w: np.ndarray | None, length: np.ndarray
+    specs: Sequence[Spec],
+    sketched: np.ndarray,
+    run_slot: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray | None,
+    length: np.ndarray,
 ) -> list[Cells]:
-    """Sketch additions of the runs of metrics with a sketch, per metric."""
-    sketched = np.array([spec.needs_sketch for spec in used])
+    """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per metric."""
     if not sketched.any():
         return []
     elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
     out = []
     for slot in np.unique(run_slot[sketched]).tolist():
         sel = elem_slot == slot
-        spec = used[int(np.flatnonzero(run_slot == slot)[0])]
-        out.append(sketch_cells(spec, slot, x[sel], None if w is None else w[sel]))
+        out.append(sketch_cells(specs[slot], slot, x[sel], None if w is None else w[sel]))
     return out

@@ -32,7 +32,7 @@ from ._across import ACOL, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import identity
 from ._layout import Layout
 from ._quantile import window
-from ._sketch import sketch_layout
+from ._sketch import cells_numpy, sketch_layout
 from ._table import StateTable
 
 __all__ = [
@@ -119,13 +119,27 @@ def sketch_windows(layout: Layout, merged: StateTable) -> list[tuple[int, int]]:
 def within_windows(
     table: StateTable, layout: Layout, where: np.ndarray, windows: list[tuple[int, int]]
 ) -> bool:
-    """Whether every sketch cell this rank holds lies inside the agreed windows."""
+    """Whether every sketch cell this rank holds lies inside the agreed windows.
+
+    A metric's cells span those of its extremes (:func:`~metricsync._quantile.window`);
+    the extremes of every metric of one accuracy are placed in one call.
+    """
+    n = len(table)
+    groups: dict[float, list[tuple[tuple[int, int], float, float]]] = {}
     for i, agreed in zip(layout.sketch, windows):
         slot = int(where[i])
-        if slot == len(table) or not table.state[al.W, slot] > 0:
+        if slot == n or not table.cols[al.W, slot] > 0:
             continue
-        lo, hi = window(sketch_layout(layout.specs[i].accuracy), *table.extremes(slot))
-        if lo < hi and not (agreed[0] <= lo and hi <= agreed[1]):
+        vmin, vmax = table.extremes(slot)
+        if vmin <= vmax:  # else NaN: only the side cells, which always travel
+            groups.setdefault(layout.specs[i].accuracy, []).append((agreed, vmin, vmax))
+    for accuracy, items in groups.items():
+        ends, _ = cells_numpy(
+            sketch_layout(accuracy), np.array([v for _, lo, hi in items for v in (lo, hi)])
+        )
+        lo, hi = ends[0::2], ends[1::2] + 1
+        bounds = np.array([a for a, _, _ in items], dtype=np.int64).reshape(-1, 2)
+        if not ((lo >= hi) | ((bounds[:, 0] <= lo) & (hi <= bounds[:, 1]))).all():
             return False
     return True
 

@@ -80,9 +80,10 @@ class Plan:
             if shape[2]
         }  # slot -> (key position, q)
         self.n = len(names)
+        self.ddof = np.array([spec.ddof for spec in specs], dtype=np.float64)
 
 
-def _plain_stats(cols: np.ndarray, specs: Sequence[Spec]) -> np.ndarray:
+def _plain_stats(cols: np.ndarray, ddof: np.ndarray) -> np.ndarray:
     """``(len(_PLAIN), n)``: every plain statistic of every metric (NaN without samples)."""
     w = cols[al.W]
     has = w > 0
@@ -94,7 +95,6 @@ def _plain_stats(cols: np.ndarray, specs: Sequence[Spec]) -> np.ndarray:
     out[_CODE["min"]] = np.where(has, -cols[al.NEGMIN], np.nan)
     out[_CODE["max"]] = np.where(has, cols[al.MAX], np.nan)
     out[_CODE["last"]] = np.where(cols[al.T] > -np.inf, cols[al.LAST], np.nan)
-    ddof = np.array([spec.ddof for spec in specs], dtype=np.float64) if specs else 0.0
     dof = w - ddof
     m2 = cols[al.M2]
     var = np.where(m2 < 0, 0.0, m2) / np.where(dof > 0, dof, 1.0)
@@ -130,7 +130,7 @@ def local_values(
 ) -> np.ndarray:
     """The value of every key of ``plan`` from the metrics' own samples (NaN where none)."""
     with np.errstate(all="ignore"):
-        plain = _plain_stats(cols, specs)
+        plain = _plain_stats(cols, plan.ddof)
         codes = np.where(plan.codes >= 0, np.minimum(plan.codes, len(_PLAIN) - 1), 0)
         values = plain[codes, plan.slots]
         values[plan.codes == _DROPPED] = cols[al.DROP, plan.slots[plan.codes == _DROPPED]]
@@ -171,5 +171,7 @@ def compute(
             values[at] = combined
     # a metric reports its dropped NaN count when it reports anything or dropped some
     keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
+    if keep.all():
+        return dict(zip(plan.keys, values.tolist()))
     chosen = np.flatnonzero(keep)
-    return dict(zip([plan.keys[i] for i in chosen.tolist()], values[chosen].tolist()))
+    return dict(zip(map(plan.keys.__getitem__, chosen.tolist()), values[chosen].tolist()))

@@ -17,6 +17,7 @@ append to a buffer of :mod:`metricsync._pending`) runs without it.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -171,6 +172,23 @@ class Store:
             self.pending.add(slot, values.reshape(-1), None, al.now_us())
         return True
 
+    def add_masked(self, name: str, x: Any, mask: Any) -> bool:
+        """Reduce a large float CPU tensor under a boolean CPU mask of its shape, for a name
+        whose number buffer is open; False when they are not such tensors (the general path
+        takes them, and checks them)."""
+        if not _masked_ok(x, mask):
+            return False
+        values, kept = x.numpy().reshape(-1), mask.numpy().reshape(-1)
+        with self.lock:
+            slot = self.table.index[name]
+            spec = self.table.specs[slot]
+            stamp = al.now_us()
+            if not self.pending.fits(0):
+                self.flush()
+            row, cells = reduce_record(values, kept, spec, stamp)
+            self.pending.add_row(slot, row, cells, stamp)
+        return True
+
     def _apply_number(self, name: str, spec: Spec, number: float) -> None:
         with self.lock:
             slot = self.table.slot(name, spec)
@@ -307,6 +325,24 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
+
+
+def _masked_ok(x: Any, mask: Any) -> bool:
+    """Whether ``x`` and ``mask`` are what :meth:`Store.add_masked` takes: dense float32 or
+    float64 ``x`` of more than ``ARRIVAL_MIN`` elements (no autograd, no negative view), and a
+    dense boolean CPU ``mask`` of the same shape."""
+    torch = sys.modules["torch"]  # loaded: x is a tensor
+    strided = torch.strided
+    return (
+        (x.dtype is torch.float32 or x.dtype is torch.float64)
+        and mask.dtype is torch.bool
+        and x.layout is strided
+        and mask.layout is strided
+        and mask.is_cpu
+        and not (x.requires_grad or x.is_nested or mask.is_nested or x.is_neg())
+        and x.shape == mask.shape
+        and x.numel() > ARRIVAL_MIN
+    )
 
 
 def _raise_device_error(name: str, code: float) -> None:

@@ -139,3 +139,40 @@ def test_every_path_agrees_with_the_others_and_with_numpy(
             assert _close(value, want[key], 1e-9), (path, key, value, want[key])
         for key, value in got.items():  # and every path agrees with the first, quantiles too
             assert _close(value, results["numpy"][key], 1e-9), (path, key, value)
+
+
+def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
+    """Large float CPU tensors under a boolean mask (reduced where recorded, past the
+    general path's conversion) give numpy's statistics in every form: float32, views,
+    autograd, negative views, 0/1 masks; a mask of another shape raises, recording nothing."""
+    rng = np.random.default_rng(7)
+    spec = ms.Spec(("mean", "max", "min", "count"), nan="ignore")
+    m = ms.Metrics({"v": spec})
+    m.record("v", 1.0)  # the name's buffer is open: later masked tensors take the short path
+    xs, ws = [np.array([1.0])], [np.array([True])]
+    base = torch.from_numpy(rng.normal(3.0, 2.0, size=(24, 40)).astype(np.float32))
+    base[0, 0] = math.nan
+    mask = torch.from_numpy(rng.random((24, 40)) < 0.7)
+    grad = base.clone().requires_grad_(True)
+    forms = [
+        (base, mask),
+        (base.double(), mask),
+        (base.t(), mask.t()),  # non-contiguous views
+        (grad * 1.0, mask),  # autograd
+        (base.neg().conj(), mask),  # a plain neg: no lazy bit on real tensors
+        (torch.neg(base)._neg_view() if hasattr(base, "_neg_view") else -base, mask),
+        (base, mask.to(torch.float32)),  # a 0/1 numeric mask takes the general path
+    ]
+    for x, mk in forms:
+        m.record("v", x, mask=mk)
+        xs.append(x.detach().resolve_neg().double().numpy().reshape(-1))
+        ws.append(mk.numpy().reshape(-1) != 0)
+    with pytest.raises(ValueError, match="mask has shape"):
+        m.record("v", base, mask=mask[:, :10])
+    x = np.concatenate(xs)[np.concatenate(ws)]
+    dropped = int(np.count_nonzero(np.isnan(x)))
+    x = x[~np.isnan(x)]
+    got = m.compute()
+    assert got["v/count"] == len(x) and got["v/nan_dropped"] == dropped
+    assert got["v/max"] == x.max() and got["v/min"] == x.min()
+    assert _close(got["v/mean"], float(x.mean()), 1e-12)
