@@ -38,6 +38,7 @@ from ._rules import SpecTable
 from ._spec import Spec
 from ._store import Store
 from ._sync import sync
+from ._timer import Timer
 
 __all__ = ["Metrics", "merge"]
 
@@ -93,9 +94,7 @@ class Metrics:
         {'timing/step': 3.0}
         """
         with self._store.lock:
-            rules = self._store.rules.copy()
-            rules.add(name_or_glob, spec)
-            self._store.adopt_rules(rules)
+            self._store.adopt_rules(self._store.rules.plus(name_or_glob, spec))
 
     def spec(self, name: str) -> Spec:
         """The spec ``name`` has (or would get on its first record).
@@ -213,8 +212,6 @@ class Metrics:
         >>> m.spec("timing/step"), m.compute()["timing/step"] < 1.0
         (Spec('max', fmt='.3f'), True)
         """
-        from ._timer import Timer
-
         with self._store.lock:
             if self._store.rules.explicit(name) is None and name not in self._store.table.index:
                 self.define(name, Spec("max", fmt=".3f"))
@@ -247,12 +244,8 @@ class Metrics:
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
-        formats: dict[str, str | None] = {}
         with self._store.lock:
-            for name, spec in zip(self._store.table.names, self._store.table.specs):
-                formats.update(dict.fromkeys(spec.output_keys(name), spec.fmt))
-                formats.update(dict.fromkeys(spec.extra_keys(name), ",.0f"))
-        return formats
+            return self._store.table.key_formats()
 
     def format(self, values: Mapping[str, float] | None = None) -> str:
         """One human line, each value in its spec's format (computes first when ``values`` is None)."""
@@ -344,18 +337,15 @@ class Metrics:
     ) -> Any:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
-        Without an initialized process group, a copy. ``group`` is a process
-        group or a 1-D ``DeviceMesh`` (``mesh["dp"]``). With ``async_op=True``, a
-        handle (``wait()``, ``done()``) whose state is taken at the call.
-
-        ``timeout`` (seconds) bounds the whole call, all its collectives
-        together. A collective that fails or times out raises ``SyncError``, and
-        the group's collectives are then out of step (a peer may still be inside
-        the one abandoned here): every later sync on that group raises
-        ``SyncError`` at once, naming the failure, without entering a
-        collective. To sync again, use a new process group
-        (``dist.new_group(...)``, or ``destroy_process_group()`` then
-        ``init_process_group(...)``). See :mod:`metricsync._sync`.
+        Without an initialized process group, a copy. ``group`` is a process group
+        or a 1-D ``DeviceMesh`` (``mesh["dp"]``). With ``async_op=True``, a handle
+        (``wait()``, ``done()``) whose state is taken at the call. ``timeout``
+        (seconds) bounds the whole call. A collective that fails or times out raises
+        ``SyncError`` and leaves the group's collectives out of step (a peer may still
+        be inside the abandoned one): every later sync on that group raises
+        ``SyncError`` at once, naming the failure. To sync again, use a new process
+        group (``dist.new_group(...)``, or ``destroy_process_group()`` then
+        ``init_process_group(...)``).
         """
         if async_op:
             return sync_async(self._store, group, timeout, self._from_store)

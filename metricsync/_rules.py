@@ -148,6 +148,12 @@ class SpecTable:
             return spec
         return self._glob_index.match(name)
 
+    def plus(self, key: str, spec: Spec) -> SpecTable:
+        """A copy with the rule ``key -> spec`` added (this table is unchanged)."""
+        rules = self.copy()
+        rules.add(key, spec)
+        return rules
+
     def copy(self) -> SpecTable:
         """An independent copy (copy-on-write: the rules are copied at the first ``add``)."""
         self._shared = True  # both sides now copy the dicts before their first change

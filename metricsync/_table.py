@@ -265,6 +265,14 @@ class StateTable:
             self._plan = Plan(self.names, self.specs)
         return self._plan
 
+    def key_formats(self) -> dict[str, str | None]:
+        """The format spec of every key ``compute()`` may report (None: adaptive)."""
+        formats: dict[str, str | None] = {}
+        for name, spec in zip(self.names, self.specs):
+            formats.update(dict.fromkeys(spec.output_keys(name), spec.fmt))
+            formats.update(dict.fromkeys(spec.extra_keys(name), ",.0f"))
+        return formats
+
     def compute(self) -> dict[str, float]:
         """Every output key of the metrics holding samples, as Python floats."""
         return compute(self.plan(), self.specs, self.state, self.sketches, self.aggs)
