@@ -253,16 +253,40 @@ class Store:
                 self._add_devices(table)
             return table
 
+    def snapshot_later(self) -> Callable[[], StateTable]:
+        """:meth:`snapshot` in two halves: what must happen now (CUDA timers read, device
+        states copied to the host, a copy of the table, the pending host samples captured
+        without a fold) and a function, for another thread, that folds them and returns
+        the same table ``snapshot()`` would have. A device error raises here, as there."""
+        with self.lock:
+            if self.deferred:
+                self._resolve_deferred()
+            devices = self._read_devices(self.table)
+            captured = self.pending.capture()
+            table = self.table.copy()  # the live one may gain slots; this one stays
+
+        def finish() -> StateTable:
+            batch = captured.batch(table.index)
+            if batch is not None:
+                self._fold_into_table(batch, table)
+            _merge_devices(table, devices)
+            return table
+
+        return finish
+
     def _add_devices(self, table: StateTable) -> None:
+        _merge_devices(table, self._read_devices(table))
+
+    def _read_devices(self, table: StateTable) -> list[tuple[Any, np.ndarray, dict[int, Any]]]:
+        """Each device's state on the host: ``(slots, cols, cells)``."""
+        out = []
         for dev in self.devices.values():
             slots, cols, cells, errors = dev.snapshot()
             if errors.any():
                 dev.clear_errors()
                 _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
-            table.merge_state(slots, cols)
-            with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
-                for slot, extra in cells.items():
-                    table.sketches[slot] += extra
+            out.append((slots, cols, cells))
+        return out
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records and CUDA
@@ -307,6 +331,16 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
+
+
+def _merge_devices(
+    table: StateTable, devices: list[tuple[Any, np.ndarray, dict[int, Any]]]
+) -> None:
+    for slots, cols, cells in devices:
+        table.merge_state(slots, cols)
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+            for slot, extra in cells.items():
+                table.sketches[slot] += extra
 
 
 def _raise_device_error(name: str, code: float) -> None:
