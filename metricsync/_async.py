@@ -388,9 +388,7 @@ def submit(
     return handle
 
 
-def _finish(
-    later: Callable[[], StateTable], error: ValueError | None
-) -> tuple[StateTable, ValueError | None]:
+def _finish(later: Callable[[], StateTable], error: Any) -> tuple[StateTable, Any]:
     """The snapshot's table, folded here; a fold that fails still takes part in the sync
     (every rank raises after the header gather, none is left waiting)."""
     try:

@@ -14,7 +14,10 @@ the old one by copy (never exporting its memory, which an ``append``
 elsewhere would then fail to resize). A thread that fetched a buffer just
 before the swap may still append to it, so old buffers stay "retired" and are
 read again at every fold until no other reference to them remains: no
-sample of a ``record`` that returned is lost.
+sample of a ``record`` that returned is lost. A buffer is never truncated in
+place (a fold or ``clear`` swaps it for a new one), which lets ``capture``
+(an async sync's snapshot) note each buffer's length now and read that many
+numbers later, on another thread, changing nothing here.
 
 >>> from metricsync._spec import Spec
 >>> pending = HostPending()

@@ -5,7 +5,9 @@ table when their buffers fill (so fold points depend on the records alone),
 and gives a read-only *snapshot* (table plus everything pending) to
 ``compute``, ``merge``, ``copy``, ``sync`` and the binary format. Taking a
 snapshot changes nothing, so observing a ``Metrics`` mid-step leaves every
-later result bit-for-bit as it would have been. Every method takes the
+later result bit-for-bit as it would have been (``snapshot_later`` splits it
+in two: what must happen at the call, and the fold, for an async sync's
+worker thread). Every method takes the
 store's lock; only the Python-number fast path of ``Metrics.record`` (an
 append to a buffer of :mod:`metricsync._pending`) runs without it.
 

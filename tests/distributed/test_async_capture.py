@@ -12,7 +12,9 @@ happen before the worker folds the captured samples:
   sync holds a prefix of its samples (none lost, none twice), the last all;
 - device records (CPU tensors playing accelerator ones) are copied at the
   call; an invalid one raises ``ValueError`` on its rank and ``SyncError`` on
-  the other from ``wait()``, and the next sync goes on without it.
+  the other from ``wait()``, and the next sync goes on without it;
+- a fold that fails on one rank's worker fails that sync on every rank
+  (none is left waiting in the collective), and the group stays in step.
 """
 
 from __future__ import annotations
@@ -180,4 +182,34 @@ def test_device_states_are_taken_at_the_call_and_errors_reach_every_rank() -> No
     assert (
         run_distributed(_devices, 2, timeout=120)
         == [["device copy at the call", "device error"]] * 2
+    )
+
+
+def _failing_fold(rank: int, world: int) -> list[str]:
+    from metricsync._store import Store
+
+    m = ms.Metrics()
+    m.record("x", float(rank))
+    original = Store._fold_into_table
+
+    def boom(self: Any, batch: Any, table: Any = None) -> None:
+        raise MemoryError("no room")
+
+    if rank == 0:
+        Store._fold_into_table = boom  # type: ignore[method-assign]
+    try:
+        handle = m.sync(timeout=30, async_op=True)
+        expected: Any = ValueError if rank == 0 else ms.SyncError
+        with pytest.raises(expected, match="folding" if rank == 0 else "another rank"):
+            handle.wait()
+    finally:
+        Store._fold_into_table = original  # type: ignore[method-assign]
+    got = m.sync(timeout=30, async_op=True).wait().compute()
+    assert got == {"x": np.mean(range(world))}
+    return ["raised on every rank", "in step"]
+
+
+def test_a_fold_that_fails_on_one_rank_fails_the_sync_on_every_rank() -> None:
+    assert (
+        run_distributed(_failing_fold, 2, timeout=120) == [["raised on every rank", "in step"]] * 2
     )
