@@ -35,18 +35,18 @@ sync's, or ``bookkeeping_group``'s ``timeout``; torch's default of 30 minutes
 without one) as the bound gloo puts on each of its collectives.
 
 **The snapshot** is taken in two halves. On the calling thread, under the
-store's lock: CUDA timers are read, the states of accelerator tensors come
-to the host with one device-to-host copy per device, the state table is
-copied, and the pending host samples are *captured*, not folded: each number
-buffer with its current length (buffers only grow in place, so later
-records land past that length, for the next sync) and a copy of the few
-buffered array samples (:meth:`metricsync._store.Store.snapshot_later`).
-Nothing in the ``Metrics`` changes. The worker then folds the captured
-samples into the table copy before the collectives, giving the same table,
-bit for bit, as a blocking sync at that call. The device copy is blocking:
-it waits for the work queued on the device's current stream, so it costs
-the calling thread whatever the GPU still has queued, plus a copy of a few
-float64 words per metric.
+store's lock: CUDA timers are read, accelerator states come to the host (one
+blocking device-to-host copy per device, which waits for the work queued on
+the device's current stream), the table is copied, and the pending host
+samples are *captured*, not folded: each number buffer with its length now
+(buffers only grow in place; later records land past it, for the next sync)
+and a copy of the few buffered array samples (``Store.snapshot_later``).
+Nothing in the ``Metrics`` changes. The worker folds the captured samples
+into the table copy before the collectives: the same table, bit for bit,
+as a blocking sync at that call. It first passes through the store's lock:
+woken at the call, it wants the GIL, which the calling thread lets go inside
+numpy's larger fills (``reset()`` right after the sync has some); the fold
+would then make that thread wait, so the worker lets its Metrics call end.
 
 **Order and faults.** Ranks must start the async syncs of a group in the same
 order, with the same ``Metrics`` objects (one kept for the whole run, or a new
@@ -358,8 +358,7 @@ def submit(
     wrap: Callable[[Store], Any],
     started: float,
 ) -> SyncHandle:
-    """Queue the sync of the snapshot that ``later()`` finishes (on the worker) on ``group``'s
-    bookkeeping group; a handle at once. ``timeout`` counts from ``started``."""
+    """Queue the sync of the snapshot ``later()`` folds on the worker; a handle at once."""
     import torch.distributed as dist
 
     ranks = sorted(dist.get_process_group_ranks(group))
@@ -378,7 +377,11 @@ def submit(
         return done_handle(error=exc)
     tag = _tag(store, _key(dist, group))
 
+    lock = store.lock
+
     def job() -> Any:
+        with lock:  # the caller's Metrics call under way (a reset, say) goes first: see the module
+            pass
         table, problem = _finish(later, error)
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)
         return wrap(Store(rules, sync_table(dist, side, table, rules, problem, left, tag=tag)))
@@ -389,8 +392,7 @@ def submit(
 
 
 def _finish(later: Callable[[], StateTable], error: Any) -> tuple[StateTable, Any]:
-    """The snapshot's table, folded here; a fold that fails still takes part in the sync
-    (every rank raises after the header gather, none is left waiting)."""
+    """The folded table; a failed fold still syncs, so every rank raises and none waits."""
     try:
         return later(), error
     except Exception as exc:
