@@ -34,13 +34,19 @@ process. The group keeps the timeout it was created with (the first async
 sync's, or ``bookkeeping_group``'s ``timeout``; torch's default of 30 minutes
 without one) as the bound gloo puts on each of its collectives.
 
-**The snapshot** is taken on the calling thread: the pending host samples are
-folded into a copy of the state table (microseconds per metric), and the
-states of accelerator tensors come to the host with one device-to-host copy
-per device. That copy is blocking: it waits for the work queued on the
-device's current stream (the snapshot's fold is queued behind the step's own
-kernels) before it returns, so it costs the calling thread whatever the GPU
-still has queued, plus a copy of a few float64 words per metric.
+**The snapshot** is taken in two halves. On the calling thread, under the
+store's lock: CUDA timers are read, accelerator states come to the host (one
+blocking device-to-host copy per device, which waits for the work queued on
+the device's current stream), the table is copied, and the pending host
+samples are *captured*, not folded: each number buffer with its length now
+(buffers only grow in place; later records land past it, for the next sync)
+and a copy of the few buffered array samples (``Store.snapshot_later``).
+Nothing in the ``Metrics`` changes. The worker folds the captured samples
+into the table copy before the collectives: the same table, bit for bit,
+as a blocking sync at that call. It first passes through the store's lock:
+woken at the call, it wants the GIL, which the calling thread lets go inside
+numpy's larger fills (``reset()`` right after the sync has some); the fold
+would then make that thread wait, so the worker lets its Metrics call end.
 
 **Order and faults.** Ranks must start the async syncs of a group in the same
 order, with the same ``Metrics`` objects (one kept for the whole run, or a new
@@ -77,10 +83,10 @@ from datetime import timedelta
 from typing import Any
 
 from ._errors import SyncError
-from ._group import check_timeout, resolve_group
+from ._group import check_timeout, resolve_group, sync_target
 from ._rules import SpecTable
-from ._store import Store
-from ._sync import prepare, sync_table
+from ._store import Store, with_device_error
+from ._sync import sync_table
 from ._table import StateTable
 
 __all__ = [
@@ -325,26 +331,29 @@ def _tag(store: Store, key: Hashable) -> int:
 
 def sync_async(store: Store, group: Any, timeout: Any, wrap: Callable[[Store], Any]) -> SyncHandle:
     """A handle for the merge over ``group`` of ``store`` as it is now (see the module)."""
-    prepared = prepare(store, group, timeout)
-    if prepared is None:
+    started = time.monotonic()
+    dist, group, seconds = sync_target(group, timeout)
+    if dist is None:
         return done_handle(wrap(Store(store.rules.copy(), store.snapshot())))
-    _, group, table, rules, error, seconds = prepared
-    return submit(store, group, table, rules, error, seconds, wrap)
+    with store.lock:  # a device error is reported after the header gather, on every rank
+        later, error = with_device_error(store.snapshot_later)
+        rules = store.rules.copy()
+    return submit(store, group, later, rules, error, seconds, wrap, started)
 
 
 def submit(
     store: Store,
     group: Any,
-    table: StateTable,
+    later: Callable[[], StateTable],
     rules: SpecTable,
     error: ValueError | None,
     timeout: float | None,
     wrap: Callable[[Store], Any],
+    started: float,
 ) -> SyncHandle:
-    """Queue the sync of the snapshot ``table`` on ``group``'s bookkeeping group; a handle at once."""
+    """Queue the sync of the snapshot ``later()`` folds on the worker; a handle at once."""
     import torch.distributed as dist
 
-    started = time.monotonic()
     ranks = sorted(dist.get_process_group_ranks(group))
     if ranks != list(range(dist.get_world_size())):
         with _LOCK:
@@ -361,10 +370,25 @@ def submit(
         return done_handle(error=exc)
     tag = _tag(store, _key(dist, group))
 
+    lock = store.lock
+
     def job() -> Any:
+        with lock:  # the caller's Metrics call under way (a reset, say) goes first: see the module
+            pass
+        table, problem = _finish(later, error)
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)
-        return wrap(Store(rules, sync_table(dist, side, table, rules, error, left, tag=tag)))
+        return wrap(Store(rules, sync_table(dist, side, table, rules, problem, left, tag=tag)))
 
     handle = SyncHandle()
     _running_worker().queue.put((handle, job))
     return handle
+
+
+def _finish(later: Callable[[], StateTable], error: Any) -> tuple[StateTable, Any]:
+    """The folded table; a failed fold still syncs, so every rank raises and none waits."""
+    try:
+        return later(), error
+    except Exception as exc:
+        failed = ValueError(f"metricsync: folding the pending samples failed ({exc!r})")
+        failed.__cause__ = exc
+        return StateTable(), error or failed

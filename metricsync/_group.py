@@ -12,7 +12,14 @@ from collections.abc import Hashable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["check_timeout", "comm_device", "group_key", "initialized_dist", "resolve_group"]
+__all__ = [
+    "check_timeout",
+    "comm_device",
+    "group_key",
+    "initialized_dist",
+    "resolve_group",
+    "sync_target",
+]
 
 _MAX_TIMEOUT = 1e9  # seconds (about 31 years): longer ones mean no limit
 
@@ -50,6 +57,19 @@ def resolve_group(dist: Any, group: Any) -> Any:
             )
         return group.get_group()
     return group
+
+
+def sync_target(group: Any, timeout: Any) -> tuple[Any, Any, float | None]:
+    """A sync's checked arguments ``(dist, group, seconds)``; ``dist`` is None without an
+    initialized process group (bad arguments fail with or without one)."""
+    seconds = check_timeout(timeout)
+    dist = initialized_dist()
+    if dist is None:
+        return None, group, seconds
+    group = resolve_group(dist, group)
+    if dist.get_rank(group) < 0:
+        raise ValueError("this rank is not a member of the given process group")
+    return dist, group, seconds
 
 
 def group_key(dist: Any, group: Any) -> Hashable:

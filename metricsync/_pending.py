@@ -14,7 +14,10 @@ the old one by copy (never exporting its memory, which an ``append``
 elsewhere would then fail to resize). A thread that fetched a buffer just
 before the swap may still append to it, so old buffers stay "retired" and are
 read again at every fold until no other reference to them remains: no
-sample of a ``record`` that returned is lost.
+sample of a ``record`` that returned is lost. A buffer is never truncated in
+place (a fold or ``clear`` swaps it for a new one), which lets ``capture``
+(an async sync's snapshot) note each buffer's length now and read that many
+numbers later, on another thread, changing nothing here.
 
 >>> from metricsync._spec import Spec
 >>> pending = HostPending()
@@ -201,6 +204,27 @@ class HostPending:
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
+    def capture(self) -> Captured:
+        """The pending samples of this moment, to read later (on another thread) without
+        changing anything here: each number buffer with its length now (buffers only grow
+        in place; a fold or ``clear`` swaps them out, never truncates them) and a copy of
+        the array samples. The caller holds the store's lock."""
+        now = al.now_us()
+        numbers = [(name, old, done, _length(old), now) for name, old, done in self._retired]
+        numbers += [(name, buf, 0, len(buf), now) for name, buf in self.fast.items() if buf]
+        numbers += [(name, pair, 0, _length(pair), now) for name, pair in self.weighted.items()]
+        for i, (name, buf, done, n, _) in enumerate(numbers):
+            if n > done and isinstance(buf, StampedBuffer):  # its time now, not at the read
+                numbers[i] = (name, buf, done, n, buf.stamp)
+        chunk = HostPending()
+        used = chunk._used = self._used
+        if used:
+            chunk._vals = self._vals[:used].copy()
+            chunk._wts = None if self._wts is None else self._wts[:used].copy()
+        chunk._meta = [a[:] for a in self._meta]
+        chunk._rows = list(self._rows)
+        return Captured(numbers, chunk)
+
     def _batch(self, runs: _Runs) -> Batch | None:
         slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in self._meta)
         if not runs.slot and not len(slots) and not self._rows:
@@ -239,6 +263,30 @@ class HostPending:
 _ONE = np.ones(1).tobytes()
 
 
+def _length(buf: Any) -> int:
+    """Numbers in a buffer; a pair counts the samples both halves hold (another thread
+    may be between its two appends)."""
+    return min(len(buf[0]), len(buf[1])) if isinstance(buf, tuple) else len(buf)
+
+
+class Captured:
+    """Pending samples captured by :meth:`HostPending.capture`; ``batch`` reads them."""
+
+    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: HostPending):
+        self._numbers = numbers  # (name, buffer or pair, read before, length, time)
+        self._chunk = chunk  # a HostPending holding copies of the array samples
+
+    def batch(self, index: Mapping[str, int]) -> Batch | None:
+        """Every captured sample as a :class:`Batch` (None if none), as ``take`` would
+        have given at the capture; ``index`` maps names to slots. Reads once."""
+        runs = _Runs()
+        for name, buf, done, n, stamp in self._numbers:
+            if n > done:
+                runs.read_until(index[name], buf, done, n, stamp)
+        self._numbers = []  # drop the buffers: a fold keeps a held buffer to read it again
+        return self._chunk._batch(runs)
+
+
 class _Runs:
     """Buffered numbers read out as runs: bytes, count, slot and time of each."""
 
@@ -268,6 +316,14 @@ class _Runs:
                 slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
             )
         return n
+
+    def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
+        """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""
+        if isinstance(buf, tuple):
+            values, weights = buf[0].tobytes(), buf[1].tobytes()
+            self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], stamp, n - done)
+        else:
+            self._add(slot, buf.tobytes()[8 * done : 8 * n], None, stamp, n - done)
 
     def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
         self.values.append(values)

@@ -5,7 +5,9 @@ table when their buffers fill (so fold points depend on the records alone),
 and gives a read-only *snapshot* (table plus everything pending) to
 ``compute``, ``merge``, ``copy``, ``sync`` and the binary format. Taking a
 snapshot changes nothing, so observing a ``Metrics`` mid-step leaves every
-later result bit-for-bit as it would have been. Every method takes the
+later result bit-for-bit as it would have been (``snapshot_later`` splits it
+in two: what must happen at the call, and the fold, for an async sync's
+worker thread). Every method takes the
 store's lock; only the Python-number fast path of ``Metrics.record`` (an
 append to a buffer of :mod:`metricsync._pending`) runs without it.
 
@@ -17,17 +19,25 @@ append to a buffer of :mod:`metricsync._pending`) runs without it.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import _algebra as al
 from . import _convert
-from ._convert import as_torch, host_mask, host_values, host_weights
+from ._convert import (
+    as_torch,
+    check_tensor,
+    dense_float_under_bool_mask,
+    device_mask,
+    device_weight,
+    host_mask,
+    host_values,
+    host_weights,
+)
 from ._errors import SpecMismatchError
 from ._fold import reduce_record
 from ._pending import Batch, HostPending, fold
@@ -35,7 +45,9 @@ from ._rules import SpecTable
 from ._spec import Spec
 from ._table import StateTable
 
-__all__ = ["Store"]
+__all__ = ["Store", "with_device_error"]
+
+T = TypeVar("T")
 
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 
@@ -176,7 +188,7 @@ class Store:
         """Reduce a large float CPU tensor under a boolean CPU mask of its shape, for a name
         whose number buffer is open; False when they are not such tensors (the general path
         takes them, and checks them)."""
-        if not _masked_ok(x, mask):
+        if x.numel() <= ARRIVAL_MIN or not dense_float_under_bool_mask(x, mask):
             return False
         values, kept = x.numpy().reshape(-1), mask.numpy().reshape(-1)
         with self.lock:
@@ -198,8 +210,6 @@ class Store:
             self.pending.add(slot, np.array([number]), None, al.now_us())
 
     def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
-        from ._convert import check_tensor, device_mask, device_weight
-
         check_tensor(name, x)
         with self.lock:
             spec = self.spec(name)
@@ -271,16 +281,40 @@ class Store:
                 self._add_devices(table)
             return table
 
+    def snapshot_later(self) -> Callable[[], StateTable]:
+        """:meth:`snapshot` in two halves: what must happen now (CUDA timers read, device
+        states copied to the host, a copy of the table, the pending host samples captured
+        without a fold) and a function, for another thread, that folds them and returns
+        the same table ``snapshot()`` would have. A device error raises here, as there."""
+        with self.lock:
+            if self.deferred:
+                self._resolve_deferred()
+            devices = self._read_devices(self.table)
+            captured = self.pending.capture()
+            table = self.table.copy()  # the live one may gain slots; this one stays
+
+        def finish() -> StateTable:
+            batch = captured.batch(table.index)
+            if batch is not None:
+                self._fold_into_table(batch, table)
+            _merge_devices(table, devices)
+            return table
+
+        return finish
+
     def _add_devices(self, table: StateTable) -> None:
+        _merge_devices(table, self._read_devices(table))
+
+    def _read_devices(self, table: StateTable) -> list[tuple[Any, np.ndarray, dict[int, Any]]]:
+        """Each device's state on the host: ``(slots, cols, cells)``."""
+        out = []
         for dev in self.devices.values():
             slots, cols, cells, errors = dev.snapshot()
             if errors.any():
                 dev.clear_errors()
                 _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
-            table.merge_state(slots, cols)
-            with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
-                for slot, extra in cells.items():
-                    table.sketches[slot] += extra
+            out.append((slots, cols, cells))
+        return out
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records and CUDA
@@ -327,22 +361,23 @@ class Store:
                 self.pending.open(name, spec)
 
 
-def _masked_ok(x: Any, mask: Any) -> bool:
-    """Whether ``x`` and ``mask`` are what :meth:`Store.add_masked` takes: dense float32 or
-    float64 ``x`` of more than ``ARRIVAL_MIN`` elements (no autograd, no negative view), and a
-    dense boolean CPU ``mask`` of the same shape."""
-    torch = sys.modules["torch"]  # loaded: x is a tensor
-    strided = torch.strided
-    return (
-        (x.dtype is torch.float32 or x.dtype is torch.float64)
-        and mask.dtype is torch.bool
-        and x.layout is strided
-        and mask.layout is strided
-        and mask.is_cpu
-        and not (x.requires_grad or x.is_nested or mask.is_nested or x.is_neg())
-        and x.shape == mask.shape
-        and x.numel() > ARRIVAL_MIN
-    )
+def _merge_devices(
+    table: StateTable, devices: list[tuple[Any, np.ndarray, dict[int, Any]]]
+) -> None:
+    for slots, cols, cells in devices:
+        table.merge_state(slots, cols)
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+            for slot, extra in cells.items():
+                table.sketches[slot] += extra
+
+
+def with_device_error(take: Callable[[], T]) -> tuple[T, ValueError | None]:
+    """``take()`` and None, or, when a device record failed its checks (``ValueError``, the
+    record dropped), ``take()`` again and that error: a sync reports it on every rank."""
+    try:
+        return take(), None
+    except ValueError as exc:
+        return take(), exc
 
 
 def _raise_device_error(name: str, code: float) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
-from ._group import check_timeout, comm_device, group_key, initialized_dist, resolve_group
+from ._group import comm_device, group_key, sync_target
 from ._layout import GroupState, Layout, Placement, decode_entries, encode_entries, group_state
 from ._reduce import (
     HEADER,
@@ -52,10 +52,10 @@ from ._reduce import (
     within_windows,
 )
 from ._rules import SpecTable
-from ._store import Store
+from ._store import Store, with_device_error
 from ._table import StateTable
 
-__all__ = ["describe_tag", "prepare", "sync", "sync_table"]
+__all__ = ["describe_tag", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
@@ -69,37 +69,13 @@ def sync(
     wrap: Callable[[Store], Any] = lambda store: store,
 ) -> Any:
     """``wrap`` of a store holding the merge over ``group``, identical on every rank."""
-    prepared = prepare(store, group, timeout)
-    if prepared is None:
-        return wrap(Store(store.rules.copy(), store.snapshot()))
-    dist, group, table, rules, error, seconds = prepared
-    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
-
-
-def prepare(
-    store: Store, group: Any, timeout: Any
-) -> tuple[Any, Any, StateTable, SpecTable, ValueError | None, float | None] | None:
-    """Check the arguments and take the snapshot a sync merges: ``(dist, group, table, rules,
-    device error, seconds)``, or None without a process group. The table is a copy that
-    nothing else changes (an async sync runs while the caller records on)."""
-    seconds = check_timeout(timeout)  # bad arguments fail with or without a process group
-    dist = initialized_dist()
+    dist, group, seconds = sync_target(group, timeout)
     if dist is None:
-        return None
-    group = resolve_group(dist, group)
-    if dist.get_rank(group) < 0:
-        raise ValueError("this rank is not a member of the given process group")
-    with store.lock:
-        table, error = _snapshot(store)
-    return dist, group, table, store.rules.copy(), error, seconds
-
-
-def _snapshot(store: Store) -> tuple[StateTable, ValueError | None]:
-    """The store's state; an invalid device record becomes an error to raise on every rank."""
-    try:
-        return store.snapshot(), None
-    except ValueError as exc:  # reported after the header gather, so no rank is left waiting
-        return store.snapshot(), exc
+        return wrap(Store(store.rules.copy(), store.snapshot()))
+    with store.lock:  # a device error is reported after the header gather, on every rank
+        table, error = with_device_error(store.snapshot)
+        rules = store.rules.copy()
+    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
 
 
 def sync_table(

@@ -5,8 +5,11 @@ drive the Tracker: steps reach the backends in the order they were logged,
 whichever handle finishes first; ``flush()`` waits; a failing backend warns
 in the caller's thread; a failed sync raises from the next call; ``close()``
 is bounded. Without a process group ``sync(async_op=True)`` is done at once,
-and ``log_every`` syncs, logs and resets every n steps. The multi-rank
-behaviour is in ``tests/distributed/test_async.py``.
+and ``log_every`` syncs, logs and resets every n steps. The snapshot an async
+sync takes in two halves (captured at the call, folded on the worker) is the
+one ``snapshot()`` gives at the call, whatever is recorded, folded or reset in
+between, and CUDA timers are read at the call. The multi-rank behaviour is in
+``tests/distributed/test_async.py`` and ``test_async_capture.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import pytest
 import metricsync as ms
 from metricsync._async import done_handle
 from metricsync._logread import read_jsonl
+from metricsync._pending import FAST_LIMIT
+from metricsync._store import Store
 
 
 class Recorder:
@@ -202,3 +207,93 @@ def _metrics(**values: float) -> ms.Metrics:
     m = ms.Metrics()
     m.update(values)
     return m
+
+
+# ------------------------------------------------------- the two-half snapshot
+
+CAPTURE_SPECS = {
+    "n": ms.Spec(("sum", "count", "max")),
+    "lr": ms.Spec("last"),
+    "q": ms.Spec(("mean", "p50", "p99", "min")),
+    "i": ms.Spec(("mean", "count"), nan="ignore"),
+}
+
+
+def _record_every_kind(m: ms.Metrics, rng: np.random.Generator, n_numbers: int) -> None:
+    torch = pytest.importorskip("torch")
+    for v in rng.normal(size=n_numbers).tolist():  # the number buffers' fast path
+        m.record("n", v)
+    m.record("n", 3.0, weight=2.0)  # a weighted pair
+    m.record("lr", float(rng.uniform()))
+    m.record("q", rng.normal(size=7))  # buffered array samples
+    m.record("q", rng.normal(size=1000))  # reduced on arrival
+    m.record("q", torch.tensor(float(rng.normal())))  # a 0-d tensor
+    m.record("i", [1.0, float("nan"), float(rng.normal())])  # a list, and a dropped NaN
+    m.record("i", torch.from_numpy(rng.normal(size=5)), mask=torch.tensor([1, 0, 1, 1, 0]))
+
+
+@pytest.mark.parametrize("then", ["record", "fold", "reset"])
+def test_the_captured_half_folds_to_the_snapshot_of_the_call(then: str) -> None:
+    rng = np.random.default_rng(7)
+    m = ms.Metrics(CAPTURE_SPECS)
+    store = m._store
+    _record_every_kind(m, rng, 50)
+    store.flush()  # some samples in the table already, the rest pending
+    _record_every_kind(m, rng, 30)
+    want = store.snapshot().compute()
+    later = store.snapshot_later()
+    # after the call: more of every kind, buffers that fill and fold (swapped out,
+    # never truncated), or a reset; none of it reaches the captured snapshot
+    _record_every_kind(m, rng, FAST_LIMIT + 10 if then == "fold" else 20)
+    if then == "reset":
+        m.reset()
+        m.record("n", 1e9)
+    got = later().compute()
+    assert got == want  # bit for bit: the same folds in the same order
+    assert m.compute() != want
+
+
+def test_a_recording_thread_loses_nothing_and_counts_nothing_twice() -> None:
+    n = 3 * FAST_LIMIT + 123  # several buffers fill and fold while it records
+    m = ms.Metrics({"t": ms.Spec(("sum", "count", "max"))})
+    m.record("t", 0.0)
+    started = threading.Event()
+
+    def record() -> None:
+        started.set()
+        for v in range(1, n):
+            m.record("t", float(v))  # the lock-free path
+
+    thread = threading.Thread(target=record)
+    thread.start()
+    started.wait()
+    laters = []
+    for _ in range(20):
+        laters.append(m._store.snapshot_later())
+        time.sleep(0.0005)
+    thread.join()
+    for later in laters:  # each saw a prefix 0..c-1 of the samples: none lost, none twice
+        got = later().compute()
+        c = int(got["t/count"])
+        assert got["t/sum"] == c * (c - 1) / 2 and got["t/max"] == c - 1
+    assert m.compute() == {"t/sum": n * (n - 1) / 2, "t/count": float(n), "t/max": n - 1.0}
+
+
+def test_cuda_timers_are_read_at_the_call_on_the_calling_thread() -> None:
+    store = Store()
+    readers: list[str] = []
+
+    def elapsed() -> float:
+        readers.append(threading.current_thread().name)
+        return 0.25
+
+    store.defer("t", elapsed)
+    later = store.snapshot_later()
+    assert readers == [threading.current_thread().name]
+    store.defer("t", elapsed)  # after the call: the next snapshot's
+    result: list[dict[str, float]] = []
+    worker = threading.Thread(target=lambda: result.append(later().compute()))
+    worker.start()
+    worker.join()
+    assert result == [{"t": 0.25}] and len(readers) == 1
+    assert store.snapshot().compute() == {"t": 0.25} and len(readers) == 2
