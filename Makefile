@@ -46,6 +46,8 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/record.py
 	$(PY) bench/sync.py
 	$(PY) bench/quantiles.py
+	$(PY) bench/async.py
+	$(PY) bench/cli.py
 
 clean:
 	rm -rf $(VENV) .venv-matrix site build *.egg-info .pytest_cache .mypy_cache .ruff_cache

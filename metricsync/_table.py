@@ -48,6 +48,7 @@ class Parts:
     plan: Plan | None = None  # the Plan of exactly these names and specs
     blank: bool = False  # every column holds the identity state
     token: object | None = None  # the token of the table these names come from
+    complete: bool = False  # sketches and aggs hold every slot whose spec needs one
 
 
 class StateTable:
@@ -77,6 +78,8 @@ class StateTable:
         self._shared, self._blank = True, parts.blank
         if parts.token is not None:
             self.token = parts.token
+        if parts.complete:  # a copy: nothing to add, and no loop over every slot
+            return
         for slot, spec in enumerate(specs):
             if spec.needs_sketch and slot not in self.sketches:
                 self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
@@ -247,6 +250,7 @@ class StateTable:
                 self.plan(),  # built once for these names, not once per copy
                 self._blank,
                 self.token,
+                complete=True,
             )
         )
 
