@@ -87,6 +87,7 @@ class Layout:
         self.agg_rows = [len(self.specs[i].reduce) for i in self.across]
         sketched = np.array([s.needs_sketch for s in kinds], dtype=bool)
         self.sketch = np.flatnonzero(sketched[ids] & exact).tolist() if len(ids) else []
+        self.sketched = np.flatnonzero(sketched[ids]).tolist() if len(ids) else []  # any across
         self.sketch_entries = [self.entries[i] for i in self.sketch]
         # per state column, the positions that carry it through a sync
         masks = np.array([al.carries(s) for s in kinds]).reshape(len(kinds), al.NCOL_ALL)

@@ -102,8 +102,18 @@ def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     for i, rows in zip(layout.across.tolist(), layout.agg_rows):
         agg_of[i] = aggs[at : at + rows].copy()
         at += rows
+    sketches = {
+        i: np.zeros(sketch_layout(layout.specs[i].accuracy).n_cells) for i in layout.sketched
+    }
     return StateTable.from_parts(
-        layout.names, layout.specs, state, aggs=agg_of, index=layout.index, plan=layout.plan
+        layout.names,
+        layout.specs,
+        state,
+        sketches,
+        agg_of,
+        index=layout.index,
+        plan=layout.plan,
+        complete=True,
     )
 
 

@@ -96,12 +96,14 @@ class StateTable:
         aggs: Mapping[int, np.ndarray] | None = None,
         index: dict[str, int] | None = None,
         plan: Plan | None = None,
+        complete: bool = False,
     ) -> StateTable:
         """A table over given parts; the name lists are shared (copied before any change).
 
-        ``plan``, if given, is the :class:`Plan` of exactly these names and specs.
+        ``plan``, if given, is the :class:`Plan` of exactly these names and specs;
+        ``complete`` says ``sketches`` and ``aggs`` hold every slot whose spec needs one.
         """
-        return cls(Parts(names, specs, cols, sketches, aggs, index, plan))
+        return cls(Parts(names, specs, cols, sketches, aggs, index, plan, complete=complete))
 
     def __len__(self) -> int:
         return len(self.names)
