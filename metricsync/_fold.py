@@ -9,7 +9,8 @@ a few numpy reductions cost less than buffering every sample). Rows of one
 metric then merge in recording order (:func:`merge_by_slot`): sums and
 extremes with one ``reduceat`` each, ``last`` as the latest row, the second
 moment by Chan's formula one row after the other, as separate records always
-have. Sketch cells go through ``np.unique`` over the touched cells only.
+have. Sketch cells are counted over the span of the touched cells only.
+:func:`fold` takes what :mod:`metricsync._pending` buffered, as a :class:`Batch`.
 
 >>> import numpy as np
 >>> from metricsync._spec import Spec
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,8 +32,10 @@ from ._sketch import cells_numpy, sketch_layout
 from ._spec import Spec
 
 __all__ = [
+    "Batch",
     "Cells",
     "SpecInfo",
+    "fold",
     "merge_by_slot",
     "reduce_record",
     "run_columns",
@@ -238,3 +242,82 @@ def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np
         w, s, m2, run = w[keep], s[keep], m2[keep], run[keep]
         first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
     return m2
+
+
+@dataclass
+class Batch:
+    """Pending samples: runs (run ``i`` is ``values[start[i]:start[i]+length[i]]``) and
+    records reduced on arrival (state columns ``rows``, with their sketch cells)."""
+
+    values: np.ndarray
+    weights: np.ndarray | None  # None: every weight is 1
+    slot: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    stamp: np.ndarray
+    rows: np.ndarray = field(default_factory=lambda: al.identity(0))
+    row_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    row_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cells: list[Cells] = field(default_factory=list)
+
+
+def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
+    """Fold a batch into ``(slots, cols, cells)``: distinct slots, their state columns
+    ``(NCOL_ALL, len(slots))``, and sketch additions (see :mod:`metricsync._fold`).
+
+    NaN and infinities of ``nan="ignore"`` metrics are dropped here and counted.
+    """
+    if batch is None:
+        return np.zeros(0, dtype=np.intp), al.identity(0), []
+    cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
+    runs = batch.length > 0
+    if runs.any():
+        info = spec_info(specs)
+        run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
+        need = set(np.flatnonzero(info.carried[:, run_slot].any(axis=1)).tolist())
+        x, w = batch.values, batch.weights
+        if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
+            take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
+            take += np.arange(int(length.sum()))
+            x, w = x[take], None if w is None else w[take]
+            start = np.r_[0, np.cumsum(length)[:-1]]
+        with np.errstate(all="ignore"):
+            ignore = info.ignore[run_slot]
+            drops = None
+            if ignore.any():
+                dropped = np.repeat(ignore, length) & ~np.isfinite(x)
+                if w is not None:
+                    dropped &= w > 0
+                if dropped.any():
+                    w = np.where(dropped, 0.0, 1.0 if w is None else w)
+                    drops = np.add.reduceat(dropped.astype(np.float64), start)
+            run_cols = run_columns(need, x, w, start, length, batch.stamp[runs])
+            if drops is not None:
+                run_cols[al.DROP] = drops
+        cols.append(run_cols)
+        slot.append(run_slot)
+        stamp.append(batch.stamp[runs])
+        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, length)
+    slots, merged = merge_by_slot(
+        np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), specs
+    )
+    return slots, merged, cells
+
+
+def _run_cells(
+    specs: Sequence[Spec],
+    sketched: np.ndarray,
+    run_slot: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray | None,
+    length: np.ndarray,
+) -> list[Cells]:
+    """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per metric."""
+    if not sketched.any():
+        return []
+    elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
+    out = []
+    for slot in np.unique(run_slot[sketched]).tolist():
+        sel = elem_slot == slot
+        out.append(sketch_cells(specs[slot], slot, x[sel], None if w is None else w[sel]))
+    return out

@@ -6,8 +6,8 @@ lock. Arrays, lists and CPU tensors are copied into one preallocated float64
 buffer, their slot, length and time into flat arrays: no Python object per
 record. A fold turns every pending sample into state columns at once: runs
 ordered by (slot, time), one ``reduceat`` per needed column, runs of a slot
-merged with the merge algebra, and sketch cells through ``np.unique`` over
-the touched cells only, never a full sketch per record.
+merged with the merge algebra, and sketch cells counted over the touched
+cells only, never a full sketch per record (:func:`metricsync._fold.fold`).
 
 Threads: a consuming fold swaps each number buffer for a new one and reads
 the old one by copy (never exporting its memory, which an ``append``
@@ -19,6 +19,7 @@ place (a fold or ``clear`` swaps it for a new one), which lets ``capture``
 (an async sync's snapshot) note each buffer's length now and read that many
 numbers later, on another thread, changing nothing here.
 
+>>> from metricsync._fold import fold
 >>> from metricsync._spec import Spec
 >>> pending = HostPending()
 >>> pending.open("x", Spec("max"))
@@ -32,17 +33,16 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import _algebra as al
-from ._fold import Cells, merge_by_slot, run_columns, sketch_cells, spec_info
+from ._fold import Batch, Cells
 from ._spec import Spec
 
-__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Batch", "HostPending", "fold"]
+__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "HostPending"]
 
 FAST_LIMIT = 4096  #: numbers a name buffers before a fold
 CHUNK_LIMIT = 1 << 16  #: array samples buffered before a fold; larger arrays fold at once
@@ -70,23 +70,6 @@ def _new_buffer(like: Any) -> Any:
         fresh.ignore_nan = like.ignore_nan
         return fresh
     return array("d")
-
-
-@dataclass
-class Batch:
-    """Pending samples: runs (run ``i`` is ``values[start[i]:start[i]+length[i]]``) and
-    records reduced on arrival (state columns ``rows``, with their sketch cells)."""
-
-    values: np.ndarray
-    weights: np.ndarray | None  # None: every weight is 1
-    slot: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    stamp: np.ndarray
-    rows: np.ndarray = field(default_factory=lambda: al.identity(0))
-    row_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    row_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    cells: list[Cells] = field(default_factory=list)
 
 
 class HostPending:
@@ -216,48 +199,64 @@ class HostPending:
         for i, (name, buf, done, n, _) in enumerate(numbers):
             if n > done and isinstance(buf, StampedBuffer):  # its time now, not at the read
                 numbers[i] = (name, buf, done, n, buf.stamp)
-        chunk = HostPending()
-        used = chunk._used = self._used
-        if used:
-            chunk._vals = self._vals[:used].copy()
-            chunk._wts = None if self._wts is None else self._wts[:used].copy()
-        chunk._meta = [a[:] for a in self._meta]
-        chunk._rows = list(self._rows)
+        used, wts = self._used, self._wts
+        chunk = _Chunk(
+            used,
+            self._vals[:used].copy(),
+            None if wts is None else wts[:used].copy(),
+            [a[:] for a in self._meta],
+            list(self._rows),
+        )
         return Captured(numbers, chunk)
 
     def _batch(self, runs: _Runs) -> Batch | None:
-        slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in self._meta)
-        if not runs.slot and not len(slots) and not self._rows:
-            return None
-        used = self._used
-        run_len = np.array(runs.count, dtype=np.int64)
-        values = np.concatenate([np.frombuffer(b"".join(runs.values)), self._vals[:used]])
-        length = np.concatenate([run_len, lengths])
-        start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
-        weights = None
-        if runs.weighted or weighted.any():
-            own = np.ones(used)
-            if self._wts is not None and weighted.any():
-                mine = np.repeat(weighted.astype(bool), lengths)
-                own[mine] = self._wts[:used][mine]
-            joined = b"".join(
-                w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
-            )
-            weights = np.concatenate([np.frombuffer(joined), own])
-        batch = Batch(
-            values,
-            weights,
-            np.concatenate([np.array(runs.slot, dtype=np.int64), slots]),
-            start,
-            length,
-            np.concatenate([np.array(runs.stamp, dtype=np.float64), stamps]),
+        return _batch(runs, _Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
+
+
+class _Chunk(NamedTuple):
+    """The array samples of a :class:`HostPending` (its chunk buffer and reduced rows)."""
+
+    used: int
+    vals: np.ndarray
+    wts: np.ndarray | None
+    meta: list[Any]
+    rows: list[tuple[int, np.ndarray, Cells | None, float]]
+
+
+def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
+    """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
+    slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
+    if not runs.slot and not len(slots) and not chunk.rows:
+        return None
+    used = chunk.used
+    run_len = np.array(runs.count, dtype=np.int64)
+    values = np.concatenate([np.frombuffer(b"".join(runs.values)), chunk.vals[:used]])
+    length = np.concatenate([run_len, lengths])
+    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    weights = None
+    if runs.weighted or weighted.any():
+        own = np.ones(used)
+        if chunk.wts is not None and weighted.any():
+            mine = np.repeat(weighted.astype(bool), lengths)
+            own[mine] = chunk.wts[:used][mine]
+        joined = b"".join(
+            w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
         )
-        if self._rows:
-            batch.rows = np.stack([row for _, row, _, _ in self._rows], axis=1)
-            batch.row_slot = np.array([slot for slot, *_ in self._rows], dtype=np.int64)
-            batch.row_stamp = np.array([stamp for *_, stamp in self._rows])
-            batch.cells = [cells for _, _, cells, _ in self._rows if cells is not None]
-        return batch
+        weights = np.concatenate([np.frombuffer(joined), own])
+    batch = Batch(
+        values,
+        weights,
+        np.concatenate([np.array(runs.slot, dtype=np.int64), slots]),
+        start,
+        length,
+        np.concatenate([np.array(runs.stamp, dtype=np.float64), stamps]),
+    )
+    if chunk.rows:
+        batch.rows = np.stack([row for _, row, _, _ in chunk.rows], axis=1)
+        batch.row_slot = np.array([slot for slot, *_ in chunk.rows], dtype=np.int64)
+        batch.row_stamp = np.array([stamp for *_, stamp in chunk.rows])
+        batch.cells = [cells for _, _, cells, _ in chunk.rows if cells is not None]
+    return batch
 
 
 _ONE = np.ones(1).tobytes()
@@ -272,7 +271,7 @@ def _length(buf: Any) -> int:
 class Captured:
     """Pending samples captured by :meth:`HostPending.capture`; ``batch`` reads them."""
 
-    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: HostPending):
+    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: _Chunk):
         self._numbers = numbers  # (name, buffer or pair, read before, length, time)
         self._chunk = chunk  # a HostPending holding copies of the array samples
 
@@ -284,7 +283,7 @@ class Captured:
             if n > done:
                 runs.read_until(index[name], buf, done, n, stamp)
         self._numbers = []  # drop the buffers: a fold keeps a held buffer to read it again
-        return self._chunk._batch(runs)
+        return _batch(runs, self._chunk)
 
 
 class _Runs:
@@ -332,65 +331,3 @@ class _Runs:
         self.count.append(n)
         self.slot.append(slot)
         self.stamp.append(stamp)
-
-
-def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
-    """Fold a batch into ``(slots, cols, cells)``: distinct slots, their state columns
-    ``(NCOL_ALL, len(slots))``, and sketch additions (see :mod:`metricsync._fold`).
-
-    NaN and infinities of ``nan="ignore"`` metrics are dropped here and counted.
-    """
-    if batch is None:
-        return np.zeros(0, dtype=np.intp), al.identity(0), []
-    cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
-    runs = batch.length > 0
-    if runs.any():
-        info = spec_info(specs)
-        run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
-        need = set(np.flatnonzero(info.carried[:, run_slot].any(axis=1)).tolist())
-        x, w = batch.values, batch.weights
-        if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
-            take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
-            take += np.arange(int(length.sum()))
-            x, w = x[take], None if w is None else w[take]
-            start = np.r_[0, np.cumsum(length)[:-1]]
-        with np.errstate(all="ignore"):
-            ignore = info.ignore[run_slot]
-            drops = None
-            if ignore.any():
-                dropped = np.repeat(ignore, length) & ~np.isfinite(x)
-                if w is not None:
-                    dropped &= w > 0
-                if dropped.any():
-                    w = np.where(dropped, 0.0, 1.0 if w is None else w)
-                    drops = np.add.reduceat(dropped.astype(np.float64), start)
-            run_cols = run_columns(need, x, w, start, length, batch.stamp[runs])
-            if drops is not None:
-                run_cols[al.DROP] = drops
-        cols.append(run_cols)
-        slot.append(run_slot)
-        stamp.append(batch.stamp[runs])
-        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, length)
-    slots, merged = merge_by_slot(
-        np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), specs
-    )
-    return slots, merged, cells
-
-
-def _run_cells(
-    specs: Sequence[Spec],
-    sketched: np.ndarray,
-    run_slot: np.ndarray,
-    x: np.ndarray,
-    w: np.ndarray | None,
-    length: np.ndarray,
-) -> list[Cells]:
-    """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per metric."""
-    if not sketched.any():
-        return []
-    elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
-    out = []
-    for slot in np.unique(run_slot[sketched]).tolist():
-        sel = elem_slot == slot
-        out.append(sketch_cells(specs[slot], slot, x[sel], None if w is None else w[sel]))
-    return out

@@ -39,8 +39,8 @@ from ._convert import (
     host_weights,
 )
 from ._errors import SpecMismatchError
-from ._fold import reduce_record
-from ._pending import Batch, HostPending, fold
+from ._fold import Batch, fold, reduce_record
+from ._pending import HostPending
 from ._rules import SpecTable
 from ._spec import Spec
 from ._table import StateTable
