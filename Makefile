@@ -43,6 +43,7 @@ lint: $(VENV)/.test-installed
 
 bench: $(VENV)/.test-installed
 	$(PY) bench/step.py
+	$(PY) bench/step_phases.py
 	$(PY) bench/record.py
 	$(PY) bench/sync.py
 	$(PY) bench/quantiles.py

@@ -1,0 +1,78 @@
+"""Where the RL-shaped step's time goes, on one gloo rank, without other ranks' noise.
+
+Run: .venv/bin/python bench/step_phases.py [--steps 200] [--warmup 20]
+
+The workload and both sides are those of ``bench/step.py`` (imported from
+it). On a single rank the collectives cost almost nothing and no rank waits
+for another, so what remains is each side's own CPU work per phase:
+recording, then sync (gather) and compute (reduce). Steps of the two sides
+alternate; the table gives per-phase medians in microseconds and the ratio
+of the whole step, and what that ratio would be if metricsync's sync and
+compute cost nothing at all (its recording alone against the whole
+hand-rolled step): a floor no tuning of the sync can go below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+from step import SPECS, hand_rolled_step, make_data, metricsync_step
+
+import metricsync as ms
+from metricsync.testing import run_distributed
+
+
+def _phases(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
+    data = make_data(1, 8)  # an odd rank's data: every name
+    metrics = ms.Metrics(SPECS)
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for step in range(warmup + steps):
+        a: dict[str, float] = {}
+        b: dict[str, float] = {}
+        if step % 2:
+            hand_rolled_step(data, b)
+            metricsync_step(metrics, data, a)
+        else:
+            metricsync_step(metrics, data, a)
+            hand_rolled_step(data, b)
+        if step >= warmup:
+            ours.append(a)
+            theirs.append(b)
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in rows) * 1e6
+
+    total = [sum(a.values()) / sum(b.values()) for a, b in zip(ours, theirs)]
+    floor = [a["record"] / sum(b.values()) for a, b in zip(ours, theirs)]
+    return {
+        "ours_record": med(ours, "record"),
+        "ours_sync": med(ours, "sync"),
+        "ours_compute": med(ours, "compute"),
+        "theirs_record": med(theirs, "record"),
+        "theirs_sync": med(theirs, "sync"),
+        "ratio": statistics.median(total),
+        "floor": statistics.median(floor),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+    r: Any = run_distributed(_phases, 1, args=(args.steps, args.warmup), timeout=600)[0]
+    print(f"1 gloo rank, {args.steps} steps of bench/step.py's workload, medians in us")
+    print(
+        f"metricsync:  record {r['ours_record']:.0f}  sync {r['ours_sync']:.0f}  "
+        f"compute+reset {r['ours_compute']:.0f}"
+    )
+    print(f"hand-rolled: record {r['theirs_record']:.0f}  gather+reduce {r['theirs_sync']:.0f}")
+    print(f"metricsync/hand-rolled, whole step: {r['ratio']:.2f}x (target <= 0.5x)")
+    print(f"metricsync's recording alone / the whole hand-rolled step: {r['floor']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
