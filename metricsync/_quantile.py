@@ -78,15 +78,15 @@ def query(
     one_row = c.ndim == 1
     c = c.reshape(-1, layout.n_cells)
     q = np.asarray(qs, dtype=np.float64).reshape(-1)
-    if not np.all((q >= 0.0) & (q <= 1.0)):
+    if q.size and not (q.min() >= 0.0 and q.max() <= 1.0):  # NaN fails both
         raise ValueError(f"quantiles must lie in [0, 1], got {list(qs)}")
-    lo = np.broadcast_to(np.asarray(vmin, dtype=np.float64).reshape(-1), (c.shape[0],))
-    hi = np.broadcast_to(np.asarray(vmax, dtype=np.float64).reshape(-1), (c.shape[0],))
+    lo, hi = _per_row(vmin, c.shape[0]), _per_row(vmax, c.shape[0])
     first_cell, end = 0, layout.nan_cell
-    if np.isfinite(lo).all() and np.isfinite(hi).all() and len(lo):
-        # every sample lies in [vmin, vmax]: the cells outside hold nothing
-        first_cell = window(layout, float(lo.min()), float(lo.min()))[0]
-        end = max(window(layout, float(hi.max()), float(hi.max()))[1], first_cell + 1)
+    if len(lo) and np.isfinite(lo).all() and np.isfinite(hi).all():
+        # every sample lies in [vmin, vmax]: the cells outside hold nothing; both ends'
+        # cells come from one call, so they are the cells the samples were counted in
+        ends, _ = cells_numpy(layout, np.array([lo.min(), hi.max()]))
+        first_cell, end = int(ends[0]), max(int(ends[1]) + 1, int(ends[0]) + 1)
     cum = np.cumsum(c[:, first_cell:end], axis=1)
     total = cum[:, -1]
     if not np.isfinite(total).all():  # weights beyond float64: rank positions over every cell
@@ -105,8 +105,10 @@ def query(
             h = np.maximum(qj * (total - 1.0), 0.0)
             below = np.floor(h)
             frac = np.where(np.isfinite(h), h - below, 0.0)  # infinite weights: no step
-            x0 = reps[np.minimum(np.count_nonzero(cum <= below[:, None], axis=1), last)]
-            x1 = reps[np.minimum(np.count_nonzero(cum <= (below + 1.0)[:, None], axis=1), last)]
+            # the positions of x_(floor h) and x_(floor h + 1), counted in one pass
+            bounds = np.stack([below, below + 1.0], axis=1)[:, None, :]
+            at = np.minimum(np.count_nonzero(cum[:, :, None] <= bounds, axis=1), last)
+            x0, x1 = reps[at[:, 0]], reps[at[:, 1]]
             step = np.where(frac > 0, x1 - x0, 0.0)  # inf - inf: no step to take
             out[:, j] = x0 + frac * step
         out = np.minimum(np.maximum(out, lo[:, None]), hi[:, None])
@@ -114,6 +116,12 @@ def query(
     out[:, q == 1.0] = hi[:, None]
     out[(total <= 0) | (c[:, layout.nan_cell] != 0)] = np.nan
     return out[0] if one_row else out
+
+
+def _per_row(v: npt.ArrayLike, rows: int) -> np.ndarray:
+    """``v`` as a float64 vector of ``rows`` entries (a scalar is repeated)."""
+    a = np.asarray(v, dtype=np.float64).reshape(-1)
+    return a if a.size == rows else np.broadcast_to(a, (rows,))
 
 
 def window(layout: SketchLayout, vmin: float, vmax: float) -> tuple[int, int]:
