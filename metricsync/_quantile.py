@@ -82,11 +82,9 @@ def query(
         raise ValueError(f"quantiles must lie in [0, 1], got {list(qs)}")
     lo, hi = _per_row(vmin, c.shape[0]), _per_row(vmax, c.shape[0])
     first_cell, end = 0, layout.nan_cell
-    if len(lo) and np.isfinite(lo).all() and np.isfinite(hi).all():
-        # every sample lies in [vmin, vmax]: the cells outside hold nothing; both ends'
-        # cells come from one call, so they are the cells the samples were counted in
-        ends, _ = cells_numpy(layout, np.array([lo.min(), hi.max()]))
-        first_cell, end = int(ends[0]), max(int(ends[1]) + 1, int(ends[0]) + 1)
+    if len(lo) and np.isfinite(lo).all() and np.isfinite(hi).all() and lo.min() <= hi.max():
+        # every sample lies in [vmin, vmax]: the cells outside hold nothing
+        first_cell, end = window(layout, float(lo.min()), float(hi.max()))
     cum = np.cumsum(c[:, first_cell:end], axis=1)
     total = cum[:, -1]
     if not np.isfinite(total).all():  # weights beyond float64: rank positions over every cell
