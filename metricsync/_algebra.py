@@ -189,7 +189,9 @@ def _rank_of(a: Any, b: Any, ra: Any, rb: Any, xp: Any) -> Any:
 def _merge(a: Any, b: Any, xp: Any) -> Any:
     out = a + b  # the SUM columns; every other column is overwritten below
     ma, mb = a[_MAX], b[_MAX]
-    out[_MAX] = xp.where(_greater(mb, ma, xp), mb, ma)  # not maximum: 0.0 and -0.0 commute
+    # NaN wins, as in maximum; of 0.0 and -0.0, 0.0 (so that merges commute)
+    top = xp.maximum(ma, mb)
+    out[_MAX] = xp.where(top == 0, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
     ta, tb = a[T], b[T]
     take_b = (tb > ta) | ((tb == ta) & _greater(b[LAST], a[LAST], xp))
     out[LAST] = xp.where(take_b, b[LAST], a[LAST])
@@ -199,6 +201,8 @@ def _merge(a: Any, b: Any, xp: Any) -> Any:
     delta = b[S] / xp.where(wb > 0, wb, 1.0) - a[S] / xp.where(wa > 0, wa, 1.0)
     correction = xp.where(both, wa * wb / xp.where(total > 0, total, 1.0) * delta * delta, 0.0)
     out[M2] = a[M2] + b[M2] + correction
+    if xp is np and np.isnan(a[MAXRANK:]).all() and np.isnan(b[MAXRANK:]).all():
+        return out  # no ranks on either side (no argrank metric): NaN + NaN, as they are
     out[MAXRANK] = _rank_of(a[MAX], b[MAX], a[MAXRANK], b[MAXRANK], xp)
     out[MINRANK] = _rank_of(a[NEGMIN], b[NEGMIN], a[MINRANK], b[MINRANK], xp)
     return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _algebra as al
-from ._sketch import cells_numpy, sketch_layout
+from ._sketch import SketchLayout, cells_numpy, sketch_layout
 from ._spec import Spec
 
 __all__ = [
@@ -53,7 +53,7 @@ class SpecInfo:
     """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
     carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
 
-    __slots__ = ("carried", "ignore", "keep", "sketch")
+    __slots__ = ("carried", "ignore", "keep", "need", "sketch")
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
@@ -62,6 +62,9 @@ class SpecInfo:
         )
         self.ignore = np.array([s.nan == "ignore" for s in specs], dtype=bool)
         self.sketch = np.array([s.needs_sketch for s in specs], dtype=bool)
+        # the columns any of them carries: a fold computes these for every run (a column a
+        # metric does not carry is set back to its identity afterwards)
+        self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
 
 
 _INFO: dict[tuple[int, ...], SpecInfo] = {}
@@ -175,6 +178,18 @@ def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> 
     """A metric's sketch additions from its samples: only the cells they touch."""
     layout = sketch_layout(spec.accuracy)
     cell, clamped = cells_numpy(layout, x)
+    return count_cells(layout, slot, cell, clamped, w)
+
+
+def count_cells(
+    layout: SketchLayout,
+    slot: int,
+    cell: np.ndarray,
+    clamped: np.ndarray | None,
+    w: np.ndarray | None,
+) -> Cells:
+    """Sketch additions of samples in cells ``cell`` (``clamped``: of them, the samples
+    out of range, from :func:`~metricsync._sketch.cells_numpy`), weighted by ``w``."""
     lo = int(cell.min()) if len(cell) else 0
     at = cell - lo  # samples span few cells: count them over that span, then keep the touched
     with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
@@ -191,7 +206,7 @@ def sketch_cells(spec: Spec, slot: int, x: np.ndarray, w: np.ndarray | None) -> 
 
 
 def merge_by_slot(
-    cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, specs: Sequence[Spec]
+    cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, info: SpecInfo
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(slots, cols)``: rows of the same slot merged in time order (see the module docstring)."""
     order = np.lexsort((stamp, slot))
@@ -202,9 +217,9 @@ def merge_by_slot(
     first = np.flatnonzero(starts)
     slots = slot[first]
     # a column a metric does not carry holds its identity: state depends on records only
-    carried = spec_info(specs).carried[:, slots]
+    carried = info.carried[:, slots]
     if len(first) == len(slot):  # one row per slot: nothing to merge
-        cols[~carried] = np.broadcast_to(al.IDENTITY[:, None], cols.shape)[~carried]
+        np.copyto(cols, al.IDENTITY[:, None], where=~carried)
         return slots, cols
     out = al.identity(len(first))
     with np.errstate(all="ignore"):
@@ -218,7 +233,7 @@ def merge_by_slot(
         out[al.T] = np.where(has, cols[al.T, np.maximum(idx, 0)], -np.inf)
         if carried[al.M2].any():
             out[al.M2] = _chan(cols[al.W], cols[al.S], cols[al.M2], first)
-    out[~carried] = np.broadcast_to(al.IDENTITY[:, None], out.shape)[~carried]
+    np.copyto(out, al.IDENTITY[:, None], where=~carried)
     return slots, out
 
 
@@ -270,11 +285,10 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
     if batch is None:
         return np.zeros(0, dtype=np.intp), al.identity(0), []
     cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
+    info = spec_info(specs)
     runs = batch.length > 0
     if runs.any():
-        info = spec_info(specs)
         run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
-        need = set(np.flatnonzero(info.carried[:, run_slot].any(axis=1)).tolist())
         x, w = batch.values, batch.weights
         if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
             take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
@@ -291,7 +305,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
                 if dropped.any():
                     w = np.where(dropped, 0.0, 1.0 if w is None else w)
                     drops = np.add.reduceat(dropped.astype(np.float64), start)
-            run_cols = run_columns(need, x, w, start, length, batch.stamp[runs])
+            run_cols = run_columns(info.need, x, w, start, length, batch.stamp[runs])
             if drops is not None:
                 run_cols[al.DROP] = drops
         cols.append(run_cols)
@@ -299,7 +313,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
         stamp.append(batch.stamp[runs])
         cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, length)
     slots, merged = merge_by_slot(
-        np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), specs
+        np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), info
     )
     return slots, merged, cells
 
@@ -312,12 +326,24 @@ def _run_cells(
     w: np.ndarray | None,
     length: np.ndarray,
 ) -> list[Cells]:
-    """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per metric."""
+    """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per
+    metric: the cells of every such sample of one accuracy placed in one call."""
     if not sketched.any():
         return []
     elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
-    out = []
+    by_accuracy: dict[float, list[int]] = {}
     for slot in np.unique(run_slot[sketched]).tolist():
-        sel = elem_slot == slot
-        out.append(sketch_cells(specs[slot], slot, x[sel], None if w is None else w[sel]))
+        by_accuracy.setdefault(specs[slot].accuracy, []).append(slot)
+    out = []
+    for accuracy, slots in by_accuracy.items():
+        mine = elem_slot >= 0 if len(by_accuracy) == 1 else np.isin(elem_slot, slots)
+        xs, ws, of = x[mine], None if w is None else w[mine], elem_slot[mine]
+        layout = sketch_layout(accuracy)
+        cell, clamped = cells_numpy(layout, xs)
+        for slot in slots:
+            sel = of == slot
+            out_of_range = None if clamped is None or not clamped[sel].any() else clamped[sel]
+            out.append(
+                count_cells(layout, slot, cell[sel], out_of_range, None if ws is None else ws[sel])
+            )
     return out

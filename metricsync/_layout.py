@@ -28,7 +28,7 @@ import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,16 @@ from . import _algebra as al
 from ._spec import Spec
 from ._stats import Plan
 
-__all__ = ["GroupState", "Layout", "Placement", "decode_entries", "encode_entries", "group_state"]
+__all__ = [
+    "NO_WINDOW",
+    "GroupState",
+    "Layout",
+    "Placement",
+    "Window",
+    "decode_entries",
+    "encode_entries",
+    "group_state",
+]
 
 _MASK62 = (1 << 62) - 1
 
@@ -89,12 +98,16 @@ class Layout:
         self.sketch = np.flatnonzero(sketched[ids] & exact).tolist() if len(ids) else []
         self.sketched = np.flatnonzero(sketched[ids]).tolist() if len(ids) else []  # any across
         self.sketch_entries = [self.entries[i] for i in self.sketch]
+        self.sketch_at = np.array(self.sketch, dtype=np.intp)
         # per state column, the positions that carry it through a sync
         masks = np.array([al.carries(s) for s in kinds]).reshape(len(kinds), al.NCOL_ALL)
         carried = masks[ids].T if len(ids) else np.zeros((al.NCOL_ALL, 0), dtype=bool)
         carried[:, ~exact] = False
         carried[al.DROP, ~exact] = True
         self.carried = [np.flatnonzero(row) for row in carried]
+        k = len(self.entries)
+        # where each packed value goes in a raveled (NCOL_ALL, k) state, in packing order
+        self.unpack_at = np.concatenate([c * k + at for c, at in enumerate(self.carried)])
         self.data_size = int(carried.sum()) + 4 * sum(self.agg_rows)  # float64 words
 
     def __len__(self) -> int:
@@ -137,8 +150,9 @@ class GroupState:
     seq: int = 0  # completed syncs
     broken: str | None = None  # why the group's collectives are out of step
     lock: threading.Lock = field(default_factory=threading.Lock)  # one sync at a time
-    # the sketch cells each quantile metric sends: the union of every global range seen
-    windows: dict[tuple[str, Spec], tuple[int, int]] = field(default_factory=dict)
+    # the sketch cells each quantile metric sends: those of the union of every global
+    # range of its samples seen so far
+    windows: dict[tuple[str, Spec], Window] = field(default_factory=dict)
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
     owner: Callable[[], Any] | None = None  # a weak reference to the group object
@@ -146,6 +160,18 @@ class GroupState:
     def belongs_to(self, group: Any) -> bool:
         """Whether this state is ``group``'s (not a former group's of the same name)."""
         return self.owner is None or self.owner() is group
+
+
+class Window(NamedTuple):
+    """The sketch cells ``[lo, hi)`` a quantile metric sends, from a range of values."""
+
+    vmin: float
+    vmax: float
+    lo: int
+    hi: int
+
+
+NO_WINDOW = Window(np.inf, -np.inf, 0, 0)  #: no samples seen: only the side cells travel
 
 
 @dataclass(frozen=True)
@@ -156,6 +182,7 @@ class Placement:
     mine: np.ndarray  # per layout position: the table has a slot for the name
     held: np.ndarray  # ... with the layout's spec
     covered: bool  # every name of the table is in the layout with the same spec
+    index: tuple[np.ndarray, ...]  # where packing reads the table (see _reduce.pack_index)
 
 
 _GROUPS: dict[Hashable, GroupState] = {}

@@ -83,7 +83,7 @@ class HostPending:
         self._wts: np.ndarray | None = None
         self._used = 0
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
-        self._rows: list[tuple[int, np.ndarray, Cells | None, float]] = []  # reduced on arrival
+        self._rows = _Rows()  # records reduced on arrival
 
     def open(self, name: str, spec: Spec) -> None:
         """Give ``name`` a number buffer, so its later Python numbers take the fast path."""
@@ -103,12 +103,12 @@ class HostPending:
 
     def fits(self, n: int) -> bool:
         """Whether ``n`` more array samples (or one reduced record) fit before a fold."""
-        records = len(self._meta[0]) + len(self._rows)
+        records = len(self._meta[0]) + len(self._rows.slot)
         return self._used + n <= CHUNK_LIMIT and records < _RECORD_LIMIT
 
     def add_row(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
         """Keep one record reduced on arrival (its cells give slot 0: replaced by ``slot``)."""
-        self._rows.append((slot, row, None if cells is None else (slot, *cells[1:]), stamp))
+        self._rows.add(slot, row, None if cells is None else (slot, *cells[1:]), stamp)
 
     def add(self, slot: int, values: np.ndarray, weights: np.ndarray | None, stamp: float) -> None:
         """Buffer (by copy) an array of checked samples; the caller made room with a fold."""
@@ -134,11 +134,19 @@ class HostPending:
 
     def clear(self) -> None:
         """Forget every pending sample."""
-        for name, buf in list(self.fast.items()):
-            self.fast[name] = _new_buffer(buf)
-        for name in list(self.weighted):
-            self.weighted[name] = (array("d"), array("d"))
-        self._retired, self._used, self._rows = [], 0, []
+        fast = self.fast
+        # the same keys: the dict is updated in place, and the record path holds it
+        fast.update(
+            {
+                n: array("d") if b.__class__ is array else _new_buffer(b)
+                for n, b in fast.items()
+                if b
+            }
+        )
+        self.weighted.update(
+            {n: (array("d"), array("d")) for n, (v, _) in self.weighted.items() if v}
+        )
+        self._retired, self._used, self._rows = [], 0, _Rows()
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def held(self) -> set[str]:
@@ -150,7 +158,7 @@ class HostPending:
 
     def chunk_slots(self) -> set[int]:
         """Slots with pending array samples."""
-        return set(self._meta[0]) | {slot for slot, *_ in self._rows}
+        return set(self._meta[0]) | set(self._rows.slot)
 
     def take(self, index: Mapping[str, int], consume: bool) -> Batch | None:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
@@ -168,22 +176,20 @@ class HostPending:
         busy = [item for item in self.fast.items() if item[1]]
         pairs = [item for item in self.weighted.items() if item[1][0]]
         if consume:
-            for name, buf in busy:
-                self.fast[name] = _new_buffer(buf)
-            for name, _ in pairs:
-                self.weighted[name] = (array("d"), array("d"))
-        for source in (busy, pairs):
-            for name, buf in source:
-                # the list entry, the variable and getrefcount's argument: a recording thread
-                # that fetched the buffer before the swap holds one more
-                held = consume and sys.getrefcount(buf) > 3
-                n = runs.read(index[name], buf, 0, now)
-                if held:
+            self.fast.update({name: _new_buffer(buf) for name, buf in busy})
+            self.weighted.update({name: (array("d"), array("d")) for name, _ in pairs})
+        counts = runs.read_numbers(index, busy, now)
+        counts += [runs.read(index[name], pair, 0, now) for name, pair in pairs]
+        if consume:
+            # the dict entry is gone; the list entry, the variable and getrefcount's argument
+            # remain: a recording thread that fetched the buffer before the swap holds one more
+            for (name, buf), n in zip(busy + pairs, counts):
+                if sys.getrefcount(buf) > 3:
                     kept.append((name, buf, n))
         self._retired = kept
         batch = self._batch(runs)
         if consume:
-            self._used, self._rows = 0, []
+            self._used, self._rows = 0, _Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
@@ -205,7 +211,7 @@ class HostPending:
             self._vals[:used].copy(),
             None if wts is None else wts[:used].copy(),
             [a[:] for a in self._meta],
-            list(self._rows),
+            self._rows.copy(),
         )
         return Captured(numbers, chunk)
 
@@ -220,19 +226,51 @@ class _Chunk(NamedTuple):
     vals: np.ndarray
     wts: np.ndarray | None
     meta: list[Any]
-    rows: list[tuple[int, np.ndarray, Cells | None, float]]
+    rows: _Rows
+
+
+class _Rows:
+    """Records reduced on arrival: their state columns side by side, slots, times, cells."""
+
+    __slots__ = ("cells", "cols", "slot", "stamp")
+
+    def __init__(self) -> None:
+        self.cols = np.empty((al.NCOL_ALL, 0))  # allocated by the first record
+        self.slot = array("q")
+        self.stamp = array("d")
+        self.cells: list[Cells] = []
+
+    def add(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
+        """Keep one record's state column (at most ``_RECORD_LIMIT`` between folds)."""
+        n = len(self.slot)
+        if n == self.cols.shape[1]:
+            self.cols = np.concatenate([self.cols, np.empty((al.NCOL_ALL, max(n, 16)))], axis=1)
+        self.cols[:, n] = row
+        self.slot.append(slot)
+        self.stamp.append(stamp)
+        if cells is not None:
+            self.cells.append(cells)
+
+    def copy(self) -> _Rows:
+        """An independent copy."""
+        out = _Rows()
+        out.cols = self.cols[:, : len(self.slot)].copy()
+        out.slot, out.stamp, out.cells = self.slot[:], self.stamp[:], list(self.cells)
+        return out
 
 
 def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
     """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
     slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
-    if not runs.slot and not len(slots) and not chunk.rows:
+    rows = chunk.rows
+    if not runs.slot and not len(slots) and not rows.slot:
         return None
     used = chunk.used
     run_len = np.array(runs.count, dtype=np.int64)
     values = np.concatenate([np.frombuffer(b"".join(runs.values)), chunk.vals[:used]])
     length = np.concatenate([run_len, lengths])
-    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    start = np.zeros(len(length), dtype=np.int64)
+    np.cumsum(length[:-1], out=start[1:])
     weights = None
     if runs.weighted or weighted.any():
         own = np.ones(used)
@@ -251,11 +289,11 @@ def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
         length,
         np.concatenate([np.array(runs.stamp, dtype=np.float64), stamps]),
     )
-    if chunk.rows:
-        batch.rows = np.stack([row for _, row, _, _ in chunk.rows], axis=1)
-        batch.row_slot = np.array([slot for slot, *_ in chunk.rows], dtype=np.int64)
-        batch.row_stamp = np.array([stamp for *_, stamp in chunk.rows])
-        batch.cells = [cells for _, _, cells, _ in chunk.rows if cells is not None]
+    if rows.slot:
+        batch.rows = rows.cols[:, : len(rows.slot)]
+        batch.row_slot = np.array(rows.slot, dtype=np.int64)  # copies: the arrays grow
+        batch.row_stamp = np.array(rows.stamp, dtype=np.float64)
+        batch.cells = rows.cells
     return batch
 
 
@@ -315,6 +353,20 @@ class _Runs:
                 slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
             )
         return n
+
+    def read_numbers(
+        self, index: Mapping[str, int], items: list[tuple[str, Any]], now: float
+    ) -> list[int]:
+        """Add every ``(name, buffer)``'s numbers (each copied in one call); return how many
+        each holds. A buffer without a time of its own is stamped ``now``."""
+        data = [buf.tobytes() for _, buf in items]
+        counts = [len(d) >> 3 for d in data]
+        self.values += data
+        self.weights += [None] * len(data)
+        self.count += counts
+        self.slot += [index[name] for name, _ in items]
+        self.stamp += [buf.stamp if buf.__class__ is StampedBuffer else now for _, buf in items]
+        return counts
 
     def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
         """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""

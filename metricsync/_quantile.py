@@ -14,15 +14,16 @@ array([[2.97]])
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
 import numpy.typing as npt
 
-from ._sketch import SketchLayout, cells_numpy
+from ._sketch import SketchLayout
 
-__all__ = ["query", "window"]
+__all__ = ["query", "query_sketches", "window"]
 
 
 @cache
@@ -86,34 +87,75 @@ def query(
         # every sample lies in [vmin, vmax]: the cells outside hold nothing
         first_cell, end = window(layout, float(lo.min()), float(hi.max()))
     cum = np.cumsum(c[:, first_cell:end], axis=1)
-    total = cum[:, -1]
-    if not np.isfinite(total).all():  # weights beyond float64: rank positions over every cell
+    if not np.isfinite(cum[:, -1]).all():  # weights beyond float64: rank positions over every cell
         first_cell, end = 0, layout.nan_cell
         cum = np.cumsum(c[:, :end], axis=1)
-        total = cum[:, -1]
-    reps = _representatives(layout)[first_cell:end]
-    last = end - first_cell - 1
-    out = np.empty((c.shape[0], q.size))
+    out = _answer(_representatives(layout)[first_cell:end], cum, q, method, lo, hi)
+    out[c[:, layout.nan_cell] != 0] = np.nan
+    return out[0] if one_row else out
+
+
+def query_sketches(
+    layout: SketchLayout,
+    sketches: Sequence[np.ndarray],
+    qs: Sequence[float],
+    vmin: np.ndarray,
+    vmax: np.ndarray,
+    method: str,
+) -> np.ndarray:
+    """:func:`query` of sketches given one by one, with finite ``vmin <= vmax`` of each
+    (they hold samples): only the cells of their common window are copied and summed.
+
+    >>> from metricsync._sketch import ingest_numpy, sketch_layout
+    >>> layout = sketch_layout()
+    >>> a = ingest_numpy(layout, np.arange(1.0, 101.0))
+    >>> query_sketches(layout, [a], [0.5], np.array([1.0]), np.array([100.0]), "linear").round(2)
+    array([[50.41]])
+    """
+    first_cell, end = window(layout, float(vmin.min()), float(vmax.max()))
+    cum = np.cumsum(np.stack([cells[first_cell:end] for cells in sketches]), axis=1)
+    if not np.isfinite(cum[:, -1]).all():
+        return query(layout, np.stack(sketches), qs, vmin, vmax, method)
+    q = np.asarray(qs, dtype=np.float64)
+    out = _answer(_representatives(layout)[first_cell:end], cum, q, method, vmin, vmax)
+    out[[cells[layout.nan_cell] != 0 for cells in sketches]] = np.nan
+    return out
+
+
+def _answer(
+    reps: np.ndarray, cum: np.ndarray, q: np.ndarray, method: str, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Quantiles ``q`` of each row of cumulative cell weights ``cum`` (cells answering
+    ``reps``), clipped into ``[lo, hi]``; NaN for rows without weight. Every quantile at
+    once, unless the comparisons would take too much memory."""
+    total = cum[:, -1]
+    rows, width = cum.shape
+    last = width - 1
+    if rows * width * q.size > 1 << 21 and q.size > 1:
+        out = np.concatenate(
+            [_answer(reps, cum, q[j : j + 1], method, lo, hi) for j in range(q.size)], axis=1
+        )
+        out[total <= 0] = np.nan
+        return out
     with np.errstate(invalid="ignore", over="ignore"):
-        for j, qj in enumerate(q):
-            if method == "inverted_cdf":
-                first = np.count_nonzero(cum < (qj * total)[:, None], axis=1)
-                out[:, j] = reps[np.minimum(first, last)]
-                continue
-            h = np.maximum(qj * (total - 1.0), 0.0)
+        if method == "inverted_cdf":
+            first = np.count_nonzero(cum[:, :, None] < (q * total[:, None])[:, None, :], axis=1)
+            out = reps[np.minimum(first, last)]
+        else:
+            h = np.maximum(q * (total[:, None] - 1.0), 0.0)
             below = np.floor(h)
             frac = np.where(np.isfinite(h), h - below, 0.0)  # infinite weights: no step
             # the positions of x_(floor h) and x_(floor h + 1), counted in one pass
-            bounds = np.stack([below, below + 1.0], axis=1)[:, None, :]
+            bounds = np.concatenate([below, below + 1.0], axis=1)[:, None, :]
             at = np.minimum(np.count_nonzero(cum[:, :, None] <= bounds, axis=1), last)
-            x0, x1 = reps[at[:, 0]], reps[at[:, 1]]
+            x0, x1 = reps[at[:, : q.size]], reps[at[:, q.size :]]
             step = np.where(frac > 0, x1 - x0, 0.0)  # inf - inf: no step to take
-            out[:, j] = x0 + frac * step
+            out = x0 + frac * step
         out = np.minimum(np.maximum(out, lo[:, None]), hi[:, None])
     out[:, q == 0.0] = lo[:, None]
     out[:, q == 1.0] = hi[:, None]
-    out[(total <= 0) | (c[:, layout.nan_cell] != 0)] = np.nan
-    return out[0] if one_row else out
+    out[total <= 0] = np.nan
+    return out
 
 
 def _per_row(v: npt.ArrayLike, rows: int) -> np.ndarray:
@@ -127,15 +169,29 @@ def window(layout: SketchLayout, vmin: float, vmax: float) -> tuple[int, int]:
 
     Every rank computes the same window from the global extremes, so a sync
     sends only these cells (plus the four side cells past ``pos_inf_cell - 1``:
-    ``-inf`` at 0 is inside when ``vmin`` is ``-inf``).
+    ``-inf`` at 0 is inside when ``vmin`` is ``-inf``). The window reaches one
+    cell beyond each extreme's, so a logarithm rounded differently from numpy's
+    (two scalars are placed with :mod:`math` here) still covers every sample.
 
     >>> from metricsync._sketch import sketch_layout
     >>> layout = sketch_layout()
     >>> lo, hi = window(layout, 16.0, 4096.0)
-    >>> hi - lo  # two decades at 1%: 278 cells, 2.2 KB
-    278
+    >>> hi - lo  # two decades at 1%: 280 cells, 2.2 KB
+    280
     """
     if not (vmin <= vmax):  # NaN or no samples: only the side cells
         return layout.pos_inf_cell, layout.pos_inf_cell
-    ends, _ = cells_numpy(layout, np.array([vmin, vmax], dtype=np.float64))
-    return int(ends[0]), int(ends[1]) + 1
+    lo = max(_cell_of(layout, vmin) - 1, 0)
+    return lo, min(_cell_of(layout, vmax) + 2, layout.nan_cell)
+
+
+def _cell_of(layout: SketchLayout, v: float) -> int:
+    """The value-ordered cell of one non-NaN sample, as :func:`cells_numpy` places it
+    (give or take one cell where the logarithms round differently)."""
+    if v == 0.0:
+        return layout.zero_cell
+    if math.isinf(v):
+        return layout.pos_inf_cell if v > 0 else layout.neg_inf_cell
+    k = math.ceil(math.log(abs(v)) * (1.0 / layout.ln_gamma))
+    k = min(max(k, layout.min_index), layout.max_index) - layout.min_index + 1
+    return layout.zero_cell + (k if v > 0 else -k)

@@ -18,7 +18,8 @@ the global minimum and maximum every rank now knows.
 >>> table = StateTable(); cols = identity(1); cols[:2, 0] = [2.0, 6.0]
 >>> table.merge_state([table.slot("x", Spec())], cols)
 >>> layout = Layout([("x", Spec())])
->>> data = pack(table, layout, positions(table, layout), rank=0)
+>>> where = positions(table, layout)
+>>> data = pack(table, layout, where, 0, pack_index(len(table), layout, where))
 >>> merge_ranks(layout, np.stack([data, data])).compute()
 {'x': 3.0}
 """
@@ -30,9 +31,9 @@ import numpy as np
 from . import _algebra as al
 from ._across import ACOL, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import identity
-from ._layout import Layout
+from ._layout import Layout, Window
 from ._quantile import window
-from ._sketch import cells_numpy, sketch_layout
+from ._sketch import sketch_layout
 from ._table import StateTable
 
 __all__ = [
@@ -40,9 +41,10 @@ __all__ = [
     "merge_ranks",
     "pack",
     "pack_cells",
+    "pack_index",
     "positions",
-    "sketch_windows",
     "sum_cells",
+    "widened",
     "within_windows",
 ]
 
@@ -56,47 +58,66 @@ def positions(table: StateTable, layout: Layout) -> np.ndarray:
     return np.array([index.get(name, n) for name in layout.names], dtype=np.intp)
 
 
-def pack(table: StateTable, layout: Layout, where: np.ndarray, rank: int) -> np.ndarray:
-    """This rank's state in ``layout`` (``where`` from :func:`positions`) as one vector."""
-    state = np.concatenate([table.state, identity(1)], axis=1)[:, where]
-    # every sample this rank holds is this rank's here, whatever an earlier sync said, so the
-    # ranks of a result always count in the group of the sync that made it
-    state[[al.MAXRANK, al.MINRANK]] = np.where(state[al.W] > 0, float(rank), np.nan)
-    parts = [state[c, layout.carried[c]] for c in range(al.NCOL_ALL)]
-    if len(layout.across):
-        own = table.own_values()
-        for i in layout.across.tolist():
-            slot = int(where[i])
-            spec = layout.specs[i]
-            if slot == len(table):
-                agg = empty_aggregate(len(spec.reduce))
-            else:
-                agg = table.aggs[slot]
-                if table.state[al.W, slot] > 0:
-                    agg = fold_rank(agg, own[slot], spec.across == "first", before=True)
-            parts.append(agg.reshape(-1))
-    return np.concatenate(parts) if parts else np.zeros(0)
+def pack_index(n: int, layout: Layout, where: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Where :func:`pack` reads a table of ``n`` slots (placed by ``where``): for each
+    carried value, its index in the state with one identity column appended, raveled;
+    and the packed positions of the rank columns with the index of their ``W``."""
+    parts = [c * (n + 1) + where[layout.carried[c]] for c in range(al.NCOL_ALL)]
+    flat = np.concatenate(parts).astype(np.intp)
+    sizes = np.cumsum([0] + [len(p) for p in parts])
+    rank_at = np.r_[
+        sizes[al.MAXRANK] : sizes[al.MAXRANK + 1], sizes[al.MINRANK] : sizes[al.MINRANK + 1]
+    ].astype(np.intp)
+    rank_w = flat[rank_at] % (n + 1) + al.W * (n + 1)
+    return flat, rank_at, rank_w
 
 
-def _unpack(layout: Layout, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """State columns ``(NCOL_ALL, k)`` and stacked aggregates ``(rows, ACOL)`` of one rank."""
-    state = identity(len(layout))
-    offset = 0
-    for c in range(al.NCOL_ALL):
-        at = layout.carried[c]
-        state[c, at] = data[offset : offset + len(at)]
-        offset += len(at)
-    return state, data[offset:].reshape(-1, ACOL)
+def pack(
+    table: StateTable, layout: Layout, where: np.ndarray, rank: int, index: tuple[np.ndarray, ...]
+) -> np.ndarray:
+    """This rank's state in ``layout`` (``where`` from :func:`positions`, ``index`` from
+    :func:`pack_index`) as one vector."""
+    flat, rank_at, rank_w = index
+    state = np.concatenate([table.state, _NO_SAMPLES], axis=1).ravel()
+    data = state[flat]
+    if len(rank_at):
+        # every sample this rank holds is this rank's here, whatever an earlier sync said, so
+        # the ranks of a result always count in the group of the sync that made it
+        data[rank_at] = np.where(state[rank_w] > 0, float(rank), np.nan)
+    if not len(layout.across):
+        return data
+    parts = [data]
+    own = table.own_values()
+    for i in layout.across.tolist():
+        slot = int(where[i])
+        spec = layout.specs[i]
+        if slot == len(table):
+            agg = empty_aggregate(len(spec.reduce))
+        else:
+            agg = table.aggs[slot]
+            if table.state[al.W, slot] > 0:
+                agg = fold_rank(agg, own[slot], spec.across == "first", before=True)
+        parts.append(agg.reshape(-1))
+    return np.concatenate(parts)
+
+
+_NO_SAMPLES = identity(1)
 
 
 def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     """Merge every rank's packed vector (rows of ``gathered``, rank order) into a table."""
-    first = np.repeat(layout.first, layout.agg_rows)
-    state, aggs = _unpack(layout, gathered[0])
-    for row in gathered[1:]:
-        other, other_aggs = _unpack(layout, row)
+    world, k, carried = len(gathered), len(layout), len(layout.unpack_at)
+    states = np.tile(identity(k).reshape(-1), (world, 1))
+    states[:, layout.unpack_at] = gathered[:, :carried]
+    states = states.reshape(world, al.NCOL_ALL, k)
+    state = states[0]
+    for other in states[1:]:
         state = al.merge(state, other, np)
-        aggs = merge_aggregates(aggs, other_aggs, first)
+    aggs = gathered[0, carried:].reshape(-1, ACOL)
+    if len(layout.across) and world > 1:
+        first = np.repeat(layout.first, layout.agg_rows)
+        for row in gathered[1:]:
+            aggs = merge_aggregates(aggs, row[carried:].reshape(-1, ACOL), first)
     agg_of = {}
     at = 0
     for i, rows in zip(layout.across.tolist(), layout.agg_rows):
@@ -117,49 +138,53 @@ def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     )
 
 
-def sketch_windows(layout: Layout, merged: StateTable) -> list[tuple[int, int]]:
-    """The cell window of each exact sketch metric, from the merged (global) extremes."""
+def widened(layout: Layout, windows: list[Window], merged: StateTable) -> list[Window]:
+    """Each exact sketch metric's window grown to hold the merged (global) extremes.
+
+    A window covers the union of the ranges it was made for, so it only grows;
+    NaN or missing extremes leave it as it is (a NaN sample travels in its side
+    cell, and makes every quantile NaN).
+    """
     out = []
-    for i in layout.sketch:
+    for i, old in zip(layout.sketch, windows):
         vmin, vmax = merged.extremes(i)
-        out.append(window(sketch_layout(layout.specs[i].accuracy), vmin, vmax))
+        if not vmin <= vmax or (old.vmin <= vmin and vmax <= old.vmax):
+            out.append(old)
+            continue
+        vmin, vmax = min(vmin, old.vmin), max(vmax, old.vmax)
+        lo, hi = window(sketch_layout(layout.specs[i].accuracy), vmin, vmax)
+        out.append(Window(vmin, vmax, lo, hi))
     return out
 
 
 def within_windows(
-    table: StateTable, layout: Layout, where: np.ndarray, windows: list[tuple[int, int]]
+    table: StateTable, layout: Layout, where: np.ndarray, windows: list[Window]
 ) -> bool:
     """Whether every sketch cell this rank holds lies inside the agreed windows.
 
-    A metric's cells span those of its extremes (:func:`~metricsync._quantile.window`);
-    the extremes of every metric of one accuracy are placed in one call.
+    It does when the rank's extremes lie within the range each window was made
+    for: :func:`~metricsync._quantile.window` reaches a cell past those of the
+    range's ends, so every sample in the range falls inside, however its
+    logarithm rounds. NaN extremes need no cells (the NaN cell always travels).
     """
-    n = len(table)
-    groups: dict[float, list[tuple[tuple[int, int], float, float]]] = {}
-    for i, agreed in zip(layout.sketch, windows):
-        slot = int(where[i])
-        if slot == n or not table.cols[al.W, slot] > 0:
-            continue
-        vmin, vmax = table.extremes(slot)
-        if vmin <= vmax:  # else NaN: only the side cells, which always travel
-            groups.setdefault(layout.specs[i].accuracy, []).append((agreed, vmin, vmax))
-    for accuracy, items in groups.items():
-        ends, _ = cells_numpy(
-            sketch_layout(accuracy), np.array([v for _, lo, hi in items for v in (lo, hi)])
-        )
-        lo, hi = ends[0::2], ends[1::2] + 1
-        bounds = np.array([a for a, _, _ in items], dtype=np.int64).reshape(-1, 2)
-        if not ((lo >= hi) | ((bounds[:, 0] <= lo) & (hi <= bounds[:, 1]))).all():
-            return False
-    return True
+    if not windows:
+        return True
+    slots = where[layout.sketch_at]
+    held = slots < len(table)
+    cols = table.cols[:, np.where(held, slots, 0)]
+    lo, hi = -cols[al.NEGMIN], cols[al.MAX]
+    ranges = np.array([(w.vmin, w.vmax) for w in windows])
+    with np.errstate(invalid="ignore"):
+        outside = (lo < ranges[:, 0]) | (hi > ranges[:, 1])
+    return not (outside & held & (cols[al.W] > 0)).any()
 
 
 def pack_cells(
-    table: StateTable, layout: Layout, where: np.ndarray, windows: list[tuple[int, int]]
+    table: StateTable, layout: Layout, where: np.ndarray, windows: list[Window]
 ) -> np.ndarray:
     """This rank's sketch cells inside the windows, plus the NaN and clamped cells of each."""
     parts = []
-    for i, (lo, hi) in zip(layout.sketch, windows):
+    for i, (_, _, lo, hi) in zip(layout.sketch, windows):
         cells = table.sketches.get(int(where[i]))
         sk = sketch_layout(layout.specs[i].accuracy)
         if cells is None:
@@ -170,12 +195,12 @@ def pack_cells(
 
 
 def sum_cells(
-    merged: StateTable, layout: Layout, windows: list[tuple[int, int]], gathered: np.ndarray
+    merged: StateTable, layout: Layout, windows: list[Window], gathered: np.ndarray
 ) -> None:
     """Put the rank-summed window cells into the merged table's sketches."""
     total = gathered.sum(axis=0)
     offset = 0
-    for i, (lo, hi) in zip(layout.sketch, windows):
+    for i, (_, _, lo, hi) in zip(layout.sketch, windows):
         sk = sketch_layout(layout.specs[i].accuracy)
         cells = merged.sketches[i]
         cells[lo:hi] = total[offset : offset + hi - lo]

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _algebra as al
 from ._across import combine, fold_rank
-from ._quantile import query
+from ._quantile import query, query_sketches
 from ._sketch import sketch_layout
 from ._spec import Spec, quantile_of
 
@@ -35,6 +35,7 @@ _PLAIN = ("mean", "sum", "count", "min", "max", "last", "var", "std")
 _CODE = {stat: i for i, stat in enumerate(_PLAIN)}
 _QUANTILE = len(_PLAIN)  # a quantile statistic, answered from the slot's sketch
 _DROPPED, _MAX_RANK, _MIN_RANK = -1, -2, -3  # keys beyond the statistics
+_RANK_COLUMNS = ((_MAX_RANK, al.MAXRANK), (_MIN_RANK, al.MINRANK))
 
 
 def _code(stat: str) -> int:
@@ -81,6 +82,14 @@ class Plan:
         }  # slot -> (key position, q)
         self.n = len(names)
         self.ddof = np.array([spec.ddof for spec in specs], dtype=np.float64)
+        # what local_values and compute need of the codes, worked out once per plan
+        codes = self.codes
+        self.plain = np.where(codes >= 0, np.minimum(codes, len(_PLAIN) - 1), 0)
+        self.dropped = np.flatnonzero(codes == _DROPPED)
+        self.ranks = [(np.flatnonzero(codes == c), col) for c, col in _RANK_COLUMNS]
+        self.ranks = [(at, col) for at, col in self.ranks if len(at)]
+        self.quantile_at = np.flatnonzero(codes == _QUANTILE)
+        self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
 
 
 def _plain_stats(cols: np.ndarray, ddof: np.ndarray) -> np.ndarray:
@@ -115,9 +124,12 @@ def _quantiles(
             by_kind.setdefault((spec.accuracy, spec.quantile_method), []).append(slot)
     for (accuracy, method), slots in by_kind.items():
         qs = sorted({q for s in slots for _, q in plan.quantiles[s]})
-        cells = np.stack([sketches[s] for s in slots])
         vmin, vmax = -cols[al.NEGMIN, slots], cols[al.MAX, slots]
-        values = query(sketch_layout(accuracy), cells, qs, vmin, vmax, method)
+        layout = sketch_layout(accuracy)
+        if np.isfinite(vmin).all() and np.isfinite(vmax).all() and (vmin <= vmax).all():
+            values = query_sketches(layout, [sketches[s] for s in slots], qs, vmin, vmax, method)
+        else:
+            values = query(layout, np.stack([sketches[s] for s in slots]), qs, vmin, vmax, method)
         column = {q: j for j, q in enumerate(qs)}
         for row, slot in enumerate(slots):
             for position, q in plan.quantiles[slot]:
@@ -130,15 +142,15 @@ def local_values(
 ) -> np.ndarray:
     """The value of every key of ``plan`` from the metrics' own samples (NaN where none)."""
     with np.errstate(all="ignore"):
-        plain = _plain_stats(cols, plan.ddof)
-        codes = np.where(plan.codes >= 0, np.minimum(plan.codes, len(_PLAIN) - 1), 0)
-        values = plain[codes, plan.slots]
-        values[plan.codes == _DROPPED] = cols[al.DROP, plan.slots[plan.codes == _DROPPED]]
-        values[plan.codes == _MAX_RANK] = cols[al.MAXRANK, plan.slots[plan.codes == _MAX_RANK]]
-        values[plan.codes == _MIN_RANK] = cols[al.MINRANK, plan.slots[plan.codes == _MIN_RANK]]
-        values[plan.codes == _QUANTILE] = np.nan
-        for position, value in _quantiles(plan, specs, cols, sketches).items():
-            values[position] = value
+        values = _plain_stats(cols, plan.ddof)[plan.plain, plan.slots]
+        if len(plan.dropped):
+            values[plan.dropped] = cols[al.DROP, plan.slots[plan.dropped]]
+        for at, col in plan.ranks:
+            values[at] = cols[col, plan.slots[at]]
+        if len(plan.quantile_at):
+            values[plan.quantile_at] = np.nan
+            for position, value in _quantiles(plan, specs, cols, sketches).items():
+                values[position] = value
     return values
 
 
@@ -156,9 +168,11 @@ def compute(
     """
     values = local_values(plan, specs, cols, sketches)
     keep = cols[al.W, plan.slots] > 0
-    extra = plan.codes < 0
-    dropped = plan.codes == _DROPPED
-    keep &= ~extra | dropped | ~np.isnan(values)  # ranks are known after a sync only
+    dropped = plan.dropped
+    if plan.ranks:  # ranks are known after a sync only
+        unknown = np.isnan(values) & ~plan.stats_only
+        unknown[dropped] = False
+        keep &= ~unknown
     for slot in plan.across:
         spec = specs[slot]
         at = plan.starts[slot] + np.arange(len(spec.reduce))
@@ -170,7 +184,8 @@ def compute(
         if combined is not None:
             values[at] = combined
     # a metric reports its dropped NaN count when it reports anything or dropped some
-    keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
+    if len(dropped):
+        keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
     if keep.all():
         return dict(zip(plan.keys, values.tolist()))
     chosen = np.flatnonzero(keep)

@@ -50,6 +50,7 @@ __all__ = ["Store", "with_device_error"]
 T = TypeVar("T")
 
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
+MASKED_MAX = 4096  #: masked tensors keeping at most this many samples buffer them
 
 
 class Store:
@@ -185,20 +186,24 @@ class Store:
         return True
 
     def add_masked(self, name: str, x: Any, mask: Any) -> bool:
-        """Reduce a large float CPU tensor under a boolean CPU mask of its shape, for a name
+        """Record a large float CPU tensor under a boolean CPU mask of its shape, for a name
         whose number buffer is open; False when they are not such tensors (the general path
-        takes them, and checks them)."""
+        takes them, and checks them). The kept samples are buffered when they are few
+        enough (one copy, folded with the rest), else reduced now."""
         if x.numel() <= ARRIVAL_MIN or not dense_float_under_bool_mask(x, mask):
             return False
-        values, kept = x.numpy().reshape(-1), mask.numpy().reshape(-1)
+        kept = x.numpy().reshape(-1)[mask.numpy().reshape(-1)]
+        n = len(kept)
         with self.lock:
             slot = self.table.index[name]
-            spec = self.table.specs[slot]
             stamp = al.now_us()
-            if not self.pending.fits(0):
+            if not self.pending.fits(n if n <= MASKED_MAX else 0):
                 self.flush()
-            row, cells = reduce_record(values, kept, spec, stamp)
-            self.pending.add_row(slot, row, cells, stamp)
+            if n > MASKED_MAX:
+                row, cells = reduce_record(kept, None, self.table.specs[slot], stamp)
+                self.pending.add_row(slot, row, cells, stamp)
+            elif n:
+                self.pending.add(slot, kept, None, stamp)
         return True
 
     def _apply_number(self, name: str, spec: Spec, number: float) -> None:

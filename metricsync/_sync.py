@@ -40,15 +40,24 @@ import numpy as np
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
 from ._group import comm_device, group_key, sync_target
-from ._layout import GroupState, Layout, Placement, decode_entries, encode_entries, group_state
+from ._layout import (
+    NO_WINDOW,
+    GroupState,
+    Layout,
+    Placement,
+    decode_entries,
+    encode_entries,
+    group_state,
+)
 from ._reduce import (
     HEADER,
     merge_ranks,
     pack,
     pack_cells,
+    pack_index,
     positions,
-    sketch_windows,
     sum_cells,
+    widened,
     within_windows,
 )
 from ._rules import SpecTable
@@ -59,7 +68,6 @@ __all__ = ["describe_tag", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
-_NO_WINDOW = (0, 0)
 
 
 def sync(
@@ -149,7 +157,7 @@ def _agree_and_merge(
         placed = _placement(state, table, layout)
         where, mine, covered = placed.where, placed.mine, placed.covered
         flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
-        agreed = [state.windows.get(entry, _NO_WINDOW) for entry in layout.sketch_entries]
+        agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
         if covered and not within_windows(table, layout, where, agreed):
             flags |= _WINDOW
         clash = 0
@@ -163,12 +171,15 @@ def _agree_and_merge(
         # which layout entries this rank holds, and which its rules declare otherwise
         bits = np.packbits(np.concatenate([placed.held, _declared_otherwise(rules, layout, mine)]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
-        size = layout.data_size + sum(hi - lo + 2 for lo, hi in agreed)
+        size = layout.data_size + sum(w.hi - w.lo + 2 for w in agreed)
         if flags & ~_WINDOW:
             data = np.zeros(size)
         else:
             data = np.concatenate(
-                [pack(table, layout, where, rank), pack_cells(table, layout, where, agreed)]
+                [
+                    pack(table, layout, where, rank, placed.index),
+                    pack_cells(table, layout, where, agreed),
+                ]
             )
         gathered = comm.all_gather(
             np.concatenate([head.view(np.float64), bits.view(np.float64), data]),
@@ -199,7 +210,7 @@ def _agree_and_merge(
         body = gathered[:, HEADER + nbits :]
         merged = merge_ranks(layout, body[:, : layout.data_size])
         if every & _WINDOW:  # some samples fell outside the agreed cells: widen, send again
-            agreed = [_union(a, b) for a, b in zip(agreed, sketch_windows(layout, merged))]
+            agreed = widened(layout, agreed, merged)
             cells = comm.all_gather(
                 pack_cells(table, layout, where, agreed), world, "the sketch gather"
             )
@@ -210,14 +221,6 @@ def _agree_and_merge(
         state.layout = layout
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
-
-
-def _union(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-    if a[0] >= a[1]:
-        return b
-    if b[0] >= b[1]:
-        return a
-    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
@@ -254,7 +257,8 @@ def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placemen
     covered = int(mine.sum()) == n and int(held.sum()) == n
     if len(state.placed) >= 8:
         state.placed.pop(next(iter(state.placed)))
-    placed = state.placed[key] = Placement(where, mine, held, covered)
+    index = pack_index(n, layout, where)
+    placed = state.placed[key] = Placement(where, mine, held, covered, index)
     return placed
 
 

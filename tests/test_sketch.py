@@ -302,3 +302,26 @@ def test_torch_meta_device_never_reads_values() -> None:
         out = ingest_torch(layout, torch.randn(100, device="meta"), weights)
         assert out.device.type == "meta"
         assert out.shape == (layout.n_cells,) and out.dtype == torch.float64
+
+
+_ANY_FLOAT = st.floats(allow_nan=False, width=64) | st.sampled_from(
+    [0.0, -0.0, 5e-324, -5e-324, 1e-17, 1e20, -1e20, math.inf, -math.inf]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ANY_FLOAT, min_size=1, max_size=20), st.sampled_from([0.01, 0.02, 0.1]))
+def test_window_of_the_extremes_holds_the_cell_of_every_sample(
+    values: list[float], accuracy: float
+) -> None:
+    """The window a sync sends (scalar logarithms) covers the cells numpy placed every
+    sample in, and stays inside the value-ordered cells."""
+    from metricsync._quantile import window
+    from metricsync._sketch import cells_numpy
+
+    layout = sketch_layout(accuracy)
+    x = np.array(values)
+    lo, hi = window(layout, float(x.min()), float(x.max()))
+    cells, _ = cells_numpy(layout, x)
+    assert lo >= 0 and hi <= layout.nan_cell
+    assert lo <= int(cells.min()) and int(cells.max()) < hi
