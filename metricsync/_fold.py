@@ -192,13 +192,18 @@ def count_cells(
     out of range, from :func:`~metricsync._sketch.cells_numpy`), weighted by ``w``."""
     lo = int(cell.min()) if len(cell) else 0
     at = cell - lo  # samples span few cells: count them over that span, then keep the touched
-    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
-        counts = np.bincount(at, w)
-        present = counts != 0 if w is None else np.bincount(at) != 0
-        touched, counts = np.flatnonzero(present) + lo, counts[present]
-        extra = (
-            0 if clamped is None else np.count_nonzero(clamped) if w is None else w[clamped].sum()
-        )
+    if w is None:
+        counts = np.bincount(at).astype(np.float64)
+        touched = np.flatnonzero(counts)
+        counts = counts[touched]
+        extra = 0 if clamped is None else np.count_nonzero(clamped)
+    else:
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
+            counts = np.bincount(at, w)
+            touched = np.flatnonzero(np.bincount(at))
+            counts = counts[touched]
+            extra = 0 if clamped is None else w[clamped].sum()
+    touched += lo
     if clamped is not None:
         touched = np.r_[touched, layout.clamped_cell]
         counts = np.r_[counts, extra]
@@ -311,7 +316,7 @@ def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.nda
         cols.append(run_cols)
         slot.append(run_slot)
         stamp.append(batch.stamp[runs])
-        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, length)
+        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, start, length)
     slots, merged = merge_by_slot(
         np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), info
     )
@@ -324,24 +329,30 @@ def _run_cells(
     run_slot: np.ndarray,
     x: np.ndarray,
     w: np.ndarray | None,
+    start: np.ndarray,
     length: np.ndarray,
 ) -> list[Cells]:
     """Sketch additions of the runs of metrics with a sketch (``sketched``, per run), per
     metric: the cells of every such sample of one accuracy placed in one call."""
     if not sketched.any():
         return []
-    elem_slot = np.repeat(np.where(sketched, run_slot, -1), length)
+    runs = np.flatnonzero(sketched)
+    length = length[runs]
+    ends = np.cumsum(length)
+    at = np.repeat(start[runs] - ends + length, length) + np.arange(int(ends[-1]))
+    of = np.repeat(run_slot[runs], length)  # each sketched sample's slot
+    x, w = x[at], None if w is None else w[at]
     by_accuracy: dict[float, list[int]] = {}
-    for slot in np.unique(run_slot[sketched]).tolist():
+    for slot in sorted(set(run_slot[runs].tolist())):
         by_accuracy.setdefault(specs[slot].accuracy, []).append(slot)
     out = []
     for accuracy, slots in by_accuracy.items():
-        mine = elem_slot >= 0 if len(by_accuracy) == 1 else np.isin(elem_slot, slots)
-        xs, ws, of = x[mine], None if w is None else w[mine], elem_slot[mine]
+        mine = np.isin(of, slots) if len(by_accuracy) > 1 else slice(None)
         layout = sketch_layout(accuracy)
-        cell, clamped = cells_numpy(layout, xs)
+        cell, clamped = cells_numpy(layout, x[mine])
+        ws, of_mine = None if w is None else w[mine], of[mine]
         for slot in slots:
-            sel = of == slot
+            sel = of_mine == slot if len(slots) > 1 else slice(None)
             out_of_range = None if clamped is None or not clamped[sel].any() else clamped[sel]
             out.append(
                 count_cells(layout, slot, cell[sel], out_of_range, None if ws is None else ws[sel])

@@ -220,12 +220,20 @@ def cells_numpy(layout: SketchLayout, values: np.ndarray) -> tuple[np.ndarray, n
     tiny, huge = math.exp((lo - 1.5) * layout.ln_gamma), math.exp((hi + 0.5) * layout.ln_gamma)
     a = np.abs(x)
     if smallest >= 0 or smallest < 0:
-        np.clip(a, tiny, huge, out=a)
-    else:  # fmax/fmin send NaN to the low end; clip would keep it
+        np.minimum(np.maximum(a, tiny, out=a), huge, out=a)
+    else:  # fmax/fmin send NaN to the low end; maximum would keep it
         np.fmin(np.fmax(a, tiny, out=a), huge, out=a)
     k = np.log(a, dtype=np.float64)
     k *= 1.0 / layout.ln_gamma
     np.ceil(k, out=k)
+    if lo <= k.min() and k.max() <= hi:  # every magnitude in range, no zero: no sentinel
+        if smallest >= 0:
+            k -= lo - 1 - zero
+        else:
+            k -= lo - 1
+            np.copysign(k, x, out=k)
+            k += zero
+        return k.astype(np.intp), None
     # cell = zero + sign(x) * (k - lo + 1): zeros, NaN and tiny values land on the
     # zero cell, +-inf and huge values on the +-inf cells; the fix-up sorts them out.
     if smallest >= 0:
