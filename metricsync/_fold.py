@@ -47,13 +47,14 @@ __all__ = [
 Cells = tuple[int, np.ndarray, np.ndarray]
 _SUM = [al.W, al.S, al.DROP]
 _MAX = [al.MAX, al.NEGMIN]
+_WRITTEN = (al.W, al.S, al.MAX, al.NEGMIN, al.T, al.LAST, al.M2, al.DROP)
 
 
 class SpecInfo:
     """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
     carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
 
-    __slots__ = ("carried", "ignore", "keep", "need", "sketch")
+    __slots__ = ("carried", "ignore", "keep", "need", "sketch", "written")
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
@@ -65,20 +66,25 @@ class SpecInfo:
         # the columns any of them carries: a fold computes these for every run (a column a
         # metric does not carry is set back to its identity afterwards)
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
+        # the columns a fold may write for a metric that does not carry them (every column
+        # but the ranks, which only a sync writes)
+        self.written = [c for c in _WRITTEN if not self.carried[c].all()]
 
 
-_INFO: dict[tuple[int, ...], SpecInfo] = {}
+_INFO: dict[object, SpecInfo] = {}
 _INFO_LOCK = threading.Lock()
 
 
-def spec_info(specs: Sequence[Spec]) -> SpecInfo:
-    """The :class:`SpecInfo` of ``specs`` (cached by the identity of each spec: a table's
-    spec list changes rarely, and is read at every fold).
+def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
+    """The :class:`SpecInfo` of ``specs``, cached by ``key`` (an object that stands for
+    exactly these specs, as a table's token does) or else by the identity of each spec:
+    a table's spec list changes rarely, and is read at every fold.
 
     >>> spec_info([Spec("max"), Spec(("mean", "p50"), nan="ignore")]).ignore.tolist()
     [False, True]
     """
-    key = tuple(map(id, specs))
+    if key is None:
+        key = tuple(map(id, specs))
     info = _INFO.get(key)
     if info is None:
         info = SpecInfo(specs)
@@ -193,15 +199,14 @@ def count_cells(
     lo = int(cell.min()) if len(cell) else 0
     at = cell - lo  # samples span few cells: count them over that span, then keep the touched
     if w is None:
-        counts = np.bincount(at).astype(np.float64)
-        touched = np.flatnonzero(counts)
-        counts = counts[touched]
+        number = np.bincount(at)
+        touched = np.flatnonzero(number)
+        counts: np.ndarray = number[touched].astype(np.float64)
         extra = 0 if clamped is None else np.count_nonzero(clamped)
     else:
         with np.errstate(over="ignore"):  # weight sums beyond float64 are inf, as in W
-            counts = np.bincount(at, w)
             touched = np.flatnonzero(np.bincount(at))
-            counts = counts[touched]
+            counts = np.bincount(at, w)[touched]
             extra = 0 if clamped is None else w[clamped].sum()
     touched += lo
     if clamped is not None:
@@ -214,17 +219,16 @@ def merge_by_slot(
     cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, info: SpecInfo
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(slots, cols)``: rows of the same slot merged in time order (see the module docstring)."""
-    order = np.lexsort((stamp, slot))
-    cols, slot = cols[:, order], slot[order]
+    order = _time_order(slot, stamp)
+    if order is not None:
+        cols, slot = np.take(cols, order, axis=1), slot[order]
     starts = np.empty(len(slot), dtype=bool)
     starts[:1] = True
     np.not_equal(slot[1:], slot[:-1], out=starts[1:])
     first = np.flatnonzero(starts)
     slots = slot[first]
-    # a column a metric does not carry holds its identity: state depends on records only
-    carried = info.carried[:, slots]
     if len(first) == len(slot):  # one row per slot: nothing to merge
-        np.copyto(cols, al.IDENTITY[:, None], where=~carried)
+        _forget_uncarried(cols, slots, info)
         return slots, cols
     out = al.identity(len(first))
     with np.errstate(all="ignore"):
@@ -236,10 +240,34 @@ def merge_by_slot(
         has = idx >= 0
         out[al.LAST] = np.where(has, cols[al.LAST, np.maximum(idx, 0)], 0.0)
         out[al.T] = np.where(has, cols[al.T, np.maximum(idx, 0)], -np.inf)
-        if carried[al.M2].any():
+        if info.carried[al.M2, slots].any():
             out[al.M2] = _chan(cols[al.W], cols[al.S], cols[al.M2], first)
-    np.copyto(out, al.IDENTITY[:, None], where=~carried)
+    _forget_uncarried(out, slots, info)
     return slots, out
+
+
+def _time_order(slot: np.ndarray, stamp: np.ndarray) -> np.ndarray | None:
+    """The order that sorts rows by slot, then time; None when they are in it already."""
+    if len(slot) < 2 or ((slot[1:] >= slot[:-1]).all() and _in_time(slot, stamp)):
+        return None
+    order = np.argsort(slot, kind="stable")  # far faster than a lexsort with the times
+    if not _in_time(slot[order], stamp[order]):
+        order = np.lexsort((stamp, slot))
+    return order
+
+
+def _in_time(slot: np.ndarray, stamp: np.ndarray) -> bool:
+    """Whether the rows of each slot (slots sorted) are in time order."""
+    return not ((slot[1:] == slot[:-1]) & (stamp[1:] < stamp[:-1])).any()
+
+
+def _forget_uncarried(cols: np.ndarray, slots: np.ndarray, info: SpecInfo) -> None:
+    """Put the identity back in the columns ``slots``' specs do not carry, where a fold
+    may have written (a state depends on the records alone, not on other metrics)."""
+    for c in info.written:
+        uncarried = ~info.carried[c, slots]
+        if uncarried.any():
+            cols[c, uncarried] = al.IDENTITY[c]
 
 
 def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -281,16 +309,19 @@ class Batch:
     cells: list[Cells] = field(default_factory=list)
 
 
-def fold(batch: Batch | None, specs: Sequence[Spec]) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
+def fold(
+    batch: Batch | None, specs: Sequence[Spec], key: object = None
+) -> tuple[np.ndarray, np.ndarray, list[Cells]]:
     """Fold a batch into ``(slots, cols, cells)``: distinct slots, their state columns
     ``(NCOL_ALL, len(slots))``, and sketch additions (see :mod:`metricsync._fold`).
 
-    NaN and infinities of ``nan="ignore"`` metrics are dropped here and counted.
+    NaN and infinities of ``nan="ignore"`` metrics are dropped here and counted. ``key``
+    stands for exactly these specs, if given (see :func:`spec_info`).
     """
     if batch is None:
         return np.zeros(0, dtype=np.intp), al.identity(0), []
     cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
-    info = spec_info(specs)
+    info = spec_info(specs, key)
     runs = batch.length > 0
     if runs.any():
         run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]

@@ -84,6 +84,8 @@ class HostPending:
         self._used = 0
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
         self._rows = _Rows()  # records reduced on arrival
+        self._keys = 0  # changes whenever ``fast`` gains or loses a name
+        self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # see _order_of
 
     def open(self, name: str, spec: Spec) -> None:
         """Give ``name`` a number buffer, so its later Python numbers take the fast path."""
@@ -95,6 +97,7 @@ class HostPending:
             self.fast[name] = buf
         else:
             self.fast[name] = array("d")
+        self._keys += 1
 
     def open_weighted(self, name: str, spec: Spec) -> None:
         """Give ``name`` a pair of buffers for weighted Python numbers (the fast path)."""
@@ -129,7 +132,8 @@ class HostPending:
 
     def forget(self, name: str) -> None:
         """Drop ``name``'s buffers (its spec changed)."""
-        self.fast.pop(name, None)
+        if self.fast.pop(name, None) is not None:
+            self._keys += 1
         self.weighted.pop(name, None)
 
     def clear(self) -> None:
@@ -173,25 +177,51 @@ class HostPending:
             n = runs.read(index[name], old, done, now)
             if held or not consume:
                 kept.append((name, old, n if consume else done))
-        busy = [item for item in self.fast.items() if item[1]]
+        bufs = list(self.fast.values())  # in the order of the names in ``fast``
+        slots, stamped = self._order_of(index)
+        if consume:  # swap out the buffers holding numbers first, then read them
+            names = list(self.fast)
+            busy = [i for i, buf in enumerate(bufs) if buf]
+            self.fast.update({names[i]: _new_buffer(bufs[i]) for i in busy})
+            taken = [bufs[i] for i in busy]
+            stamps = [buf.stamp if buf.__class__ is StampedBuffer else now for buf in taken]
+            counts = runs.read_bulk(taken, slots[busy], np.array(stamps, dtype=np.float64))
+            del taken
+            for i, n in zip(busy, counts.tolist()):
+                # the list entry, the variable and getrefcount's argument: a recording
+                # thread that fetched the buffer before the swap holds one more
+                buf = bufs[i]
+                if sys.getrefcount(buf) > 3:
+                    kept.append((names[i], buf, n))
+        else:
+            stamps_all = np.full(len(bufs), now)
+            if len(stamped):
+                stamps_all[stamped] = [bufs[i].stamp for i in stamped.tolist()]
+            runs.read_bulk(bufs, slots, stamps_all)
         pairs = [item for item in self.weighted.items() if item[1][0]]
         if consume:
-            self.fast.update({name: _new_buffer(buf) for name, buf in busy})
             self.weighted.update({name: (array("d"), array("d")) for name, _ in pairs})
-        counts = runs.read_numbers(index, busy, now)
-        counts += [runs.read(index[name], pair, 0, now) for name, pair in pairs]
-        if consume:
-            # the dict entry is gone; the list entry, the variable and getrefcount's argument
-            # remain: a recording thread that fetched the buffer before the swap holds one more
-            for (name, buf), n in zip(busy + pairs, counts):
-                if sys.getrefcount(buf) > 3:
-                    kept.append((name, buf, n))
+        for name, pair in pairs:
+            n = runs.read(index[name], pair, 0, now)
+            if consume and sys.getrefcount(pair) > 3:
+                kept.append((name, pair, n))
         self._retired = kept
         batch = self._batch(runs)
         if consume:
             self._used, self._rows = 0, _Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
+
+    def _order_of(self, index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        """The slot of each name of ``fast``, in its order, and the positions of the
+        buffers that keep their own time (cached while ``fast`` keeps its names)."""
+        if self._order is None or self._order[0] != self._keys:
+            slots = np.array([index[name] for name in self.fast], dtype=np.int64)
+            stamped = [
+                i for i, buf in enumerate(self.fast.values()) if isinstance(buf, StampedBuffer)
+            ]
+            self._order = (self._keys, slots, np.array(stamped, dtype=np.intp))
+        return self._order[1], self._order[2]
 
     def capture(self) -> Captured:
         """The pending samples of this moment, to read later (on another thread) without
@@ -263,12 +293,14 @@ def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
     """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
     slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
     rows = chunk.rows
-    if not runs.slot and not len(slots) and not rows.slot:
+    if not runs.slot and not runs.bulk and not len(slots) and not rows.slot:
         return None
     used = chunk.used
+    bulk_len = [counts for _, counts, _, _ in runs.bulk]
     run_len = np.array(runs.count, dtype=np.int64)
-    values = np.concatenate([np.frombuffer(b"".join(runs.values)), chunk.vals[:used]])
-    length = np.concatenate([run_len, lengths])
+    joined = b"".join([data for data, _, _, _ in runs.bulk] + runs.values)
+    values = np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
+    length = np.concatenate([*bulk_len, run_len, lengths])
     start = np.zeros(len(length), dtype=np.int64)
     np.cumsum(length[:-1], out=start[1:])
     weights = None
@@ -277,17 +309,22 @@ def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
         if chunk.wts is not None and weighted.any():
             mine = np.repeat(weighted.astype(bool), lengths)
             own[mine] = chunk.wts[:used][mine]
-        joined = b"".join(
+        listed = b"".join(
             w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
         )
-        weights = np.concatenate([np.frombuffer(joined), own])
+        ones = np.ones(int(sum(int(c.sum()) for c in bulk_len)))
+        weights = np.concatenate([ones, np.frombuffer(listed), own])
     batch = Batch(
         values,
         weights,
-        np.concatenate([np.array(runs.slot, dtype=np.int64), slots]),
+        np.concatenate(
+            [*(s for _, _, s, _ in runs.bulk), np.array(runs.slot, dtype=np.int64), slots]
+        ),
         start,
         length,
-        np.concatenate([np.array(runs.stamp, dtype=np.float64), stamps]),
+        np.concatenate(
+            [*(t for _, _, _, t in runs.bulk), np.array(runs.stamp, dtype=np.float64), stamps]
+        ),
     )
     if rows.slot:
         batch.rows = rows.cols[:, : len(rows.slot)]
@@ -327,9 +364,11 @@ class Captured:
 class _Runs:
     """Buffered numbers read out as runs: bytes, count, slot and time of each."""
 
-    __slots__ = ("count", "slot", "stamp", "values", "weighted", "weights")
+    __slots__ = ("bulk", "count", "slot", "stamp", "values", "weighted", "weights")
 
     def __init__(self) -> None:
+        # unweighted runs read many at a time: (bytes, counts, slots, stamps)
+        self.bulk: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]] = []
         self.values: list[bytes] = []
         self.weights: list[bytes | None] = []
         self.count: list[int] = []
@@ -354,18 +393,14 @@ class _Runs:
             )
         return n
 
-    def read_numbers(
-        self, index: Mapping[str, int], items: list[tuple[str, Any]], now: float
-    ) -> list[int]:
-        """Add every ``(name, buffer)``'s numbers (each copied in one call); return how many
-        each holds. A buffer without a time of its own is stamped ``now``."""
-        data = [buf.tobytes() for _, buf in items]
-        counts = [len(d) >> 3 for d in data]
-        self.values += data
-        self.weights += [None] * len(data)
-        self.count += counts
-        self.slot += [index[name] for name, _ in items]
-        self.stamp += [buf.stamp if buf.__class__ is StampedBuffer else now for _, buf in items]
+    def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
+        ``slots``, stamped ``stamps``; return how many each holds."""
+        data = [buf.tobytes() for buf in bufs]
+        counts = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) >> 3
+        held = counts > 0
+        if held.any():
+            self.bulk.append((b"".join(data), counts[held], slots[held], stamps[held]))
         return counts
 
     def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:

@@ -40,7 +40,7 @@ from ._convert import (
 )
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
-from ._pending import HostPending
+from ._pending import FAST_LIMIT, HostPending
 from ._rules import SpecTable
 from ._spec import Spec
 from ._table import StateTable
@@ -210,6 +210,12 @@ class Store:
         with self.lock:
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)  # the name's later numbers take the fast path
+            buf = self.pending.fast.get(name)
+            if buf is not None:  # this one too: one run with them
+                buf.append(number)
+                if len(buf) >= FAST_LIMIT:
+                    self.flush()
+                return
             if not self.pending.fits(1):
                 self.flush()
             self.pending.add(slot, np.array([number]), None, al.now_us())
@@ -246,7 +252,7 @@ class Store:
 
     def _fold_into_table(self, batch: Batch, table: StateTable | None = None) -> None:
         table = self.table if table is None else table
-        slots, cols, cells = fold(batch, table.specs)
+        slots, cols, cells = fold(batch, table.specs, table.token)
         if len(slots):
             table.merge_state(slots, cols)
         for slot, touched, counts in cells:

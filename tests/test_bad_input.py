@@ -249,9 +249,13 @@ def test_magnitudes_follow_float64() -> None:
     big = _record_all(ALL, [(1e308, {}), (1e308, {})])
     assert big["v/sum"] == big["v/mean"] == 1e308 + 1e308 == math.inf  # overflow, as in float64
     assert big["v/max"] == big["v/min"] == big["v/last"] == big["v/p50"] == 1e308
-    assert big["v/var"] == 0.0  # two records merge by Chan's formula: no overflow
-    # In one array the overflowed mean leaks into the deviations: var is inf, not 0.
+    # A name's Python numbers are buffered together and fold as one array: there the
+    # overflowed mean leaks into the deviations, so var is inf, not 0.
+    assert big["v/var"] == math.inf
     assert _record_all(ALL, [([1e308, 1e308], {})])["v/var"] == math.inf
+    # Two array records merge by Chan's formula: no overflow.
+    two = _record_all(ALL, [(np.array([1e308]), {}), (np.array([1e308]), {})])
+    assert two["v/var"] == 0.0 and two["v/sum"] == math.inf
     heavy = _record_all(ALL, [(10.0, {"weight": 1e308}), (10.0, {"weight": 1e308})])
     assert heavy["v/count"] == math.inf and math.isnan(heavy["v/mean"])  # inf / inf
     assert heavy["v/max"] == heavy["v/last"] == heavy["v/p50"] == 10.0
