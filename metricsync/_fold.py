@@ -47,14 +47,13 @@ __all__ = [
 Cells = tuple[int, np.ndarray, np.ndarray]
 _SUM = [al.W, al.S, al.DROP]
 _MAX = [al.MAX, al.NEGMIN]
-_WRITTEN = (al.W, al.S, al.MAX, al.NEGMIN, al.T, al.LAST, al.M2, al.DROP)
 
 
 class SpecInfo:
     """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
     carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
 
-    __slots__ = ("carried", "ignore", "keep", "need", "sketch", "written")
+    __slots__ = ("carried", "ignore", "keep", "need", "sketch")
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
@@ -66,9 +65,6 @@ class SpecInfo:
         # the columns any of them carries: a fold computes these for every run (a column a
         # metric does not carry is set back to its identity afterwards)
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
-        # the columns a fold may write for a metric that does not carry them (every column
-        # but the ranks, which only a sync writes)
-        self.written = [c for c in _WRITTEN if not self.carried[c].all()]
 
 
 _INFO: dict[object, SpecInfo] = {}
@@ -263,11 +259,10 @@ def _in_time(slot: np.ndarray, stamp: np.ndarray) -> bool:
 
 def _forget_uncarried(cols: np.ndarray, slots: np.ndarray, info: SpecInfo) -> None:
     """Put the identity back in the columns ``slots``' specs do not carry, where a fold
-    may have written (a state depends on the records alone, not on other metrics)."""
-    for c in info.written:
-        uncarried = ~info.carried[c, slots]
-        if uncarried.any():
-            cols[c, uncarried] = al.IDENTITY[c]
+    may have written (a state depends on the records alone, not on other metrics): the
+    persisted columns, as the rank columns only a sync writes."""
+    n = al.NCOL
+    np.copyto(cols[:n], al.IDENTITY[:n, None], where=~info.carried[:n, slots])
 
 
 def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np.ndarray:

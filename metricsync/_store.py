@@ -192,7 +192,7 @@ class Store:
         enough (one copy, folded with the rest), else reduced now."""
         if x.numel() <= ARRIVAL_MIN or not dense_float_under_bool_mask(x, mask):
             return False
-        kept = x.numpy().reshape(-1)[mask.numpy().reshape(-1)]
+        kept = x.numpy()[mask.numpy()]  # same shapes: the kept samples, in C order
         n = len(kept)
         with self.lock:
             slot = self.table.index[name]
