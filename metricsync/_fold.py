@@ -57,11 +57,14 @@ class SpecInfo:
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
-        self.carried = (
-            np.array([al.carries(s) for s in specs], dtype=bool).reshape(-1, al.NCOL_ALL).T
-        )
-        self.ignore = np.array([s.nan == "ignore" for s in specs], dtype=bool)
-        self.sketch = np.array([s.needs_sketch for s in specs], dtype=bool)
+        # per distinct spec once, then spread to the slots (specs are few, slots many)
+        distinct: dict[Spec, int] = {}
+        ids = np.array([distinct.setdefault(s, len(distinct)) for s in specs], dtype=np.intp)
+        kinds = list(distinct)
+        carries = np.array([al.carries(s) for s in kinds], dtype=bool).reshape(-1, al.NCOL_ALL)
+        self.carried = carries[ids].T
+        self.ignore = np.array([s.nan == "ignore" for s in kinds], dtype=bool)[ids]
+        self.sketch = np.array([s.needs_sketch for s in kinds], dtype=bool)[ids]
         # the columns any of them carries: a fold computes these for every run (a column a
         # metric does not carry is set back to its identity afterwards)
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())

@@ -251,8 +251,9 @@ def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placemen
     n = len(table)
     mine = where < n
     specs = table.specs
-    held = np.array(
-        [w < n and specs[w] == s for w, s in zip(where.tolist(), layout.specs)], dtype=bool
+    held = np.array(  # specs are canonical: the same object, or (rarely) an equal one
+        [w < n and (specs[w] is s or specs[w] == s) for w, s in zip(where.tolist(), layout.specs)],
+        dtype=bool,
     )
     covered = int(mine.sum()) == n and int(held.sum()) == n
     if len(state.placed) >= 8:
@@ -296,11 +297,11 @@ def _raise_conflict(rules: SpecTable, table: StateTable, layout: Layout, positio
 
 def _extend(comm: Comm, table: StateTable, layout: Layout, world: int) -> Layout:
     """The layout grown by every rank's entries it lacks: two gathers of bytes."""
-    new = [
-        (name, spec)
-        for name, spec in zip(table.names, table.specs)
-        if (i := layout.index.get(name)) is None or layout.specs[i] != spec
-    ]
+    placed = _placement(comm.state, table, layout)
+    known = np.zeros(len(table), dtype=bool)  # the slots the layout holds with their spec
+    known[placed.where[placed.held]] = True
+    names, specs = table.names, table.specs
+    new = [(names[i], specs[i]) for i in np.flatnonzero(~known).tolist()]
     blob = np.frombuffer(encode_entries(new), dtype=np.uint8)
     sizes = comm.all_gather(np.array([len(blob)], dtype=np.int64), world, "the layout size gather")
     padded = np.zeros(int(sizes.max()), dtype=np.uint8)

@@ -20,6 +20,7 @@ through it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,10 @@ class Parts:
     blank: bool = False  # every column holds the identity state
     token: object | None = None  # the token of the table these names come from
     complete: bool = False  # sketches and aggs hold every slot whose spec needs one
+
+
+_PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
+_PLANS_LOCK = threading.Lock()
 
 
 class StateTable:
@@ -249,7 +254,7 @@ class StateTable:
                 {k: v.copy() for k, v in self.sketches.items()},
                 {k: v.copy() for k, v in self.aggs.items()},
                 self.index,
-                self.plan(),  # built once for these names, not once per copy
+                self._current_plan(),  # built once for these names, not once per copy
                 self._blank,
                 self.token,
                 complete=True,
@@ -266,10 +271,24 @@ class StateTable:
             agg[:] = AGG_IDENTITY
 
     def plan(self) -> Plan:
-        """The output keys of this table's metrics (cached until a slot changes)."""
-        if self._plan is None or self._plan.n != len(self.names):
-            self._plan = Plan(self.names, self.specs)
-        return self._plan
+        """The output keys of this table's metrics (cached until a slot changes, and shared
+        by the tables of the same token: copies build it once between them)."""
+        plan = self._current_plan()
+        if plan is None:
+            plan = _PLANS.get(self.token)
+            if plan is None or plan.n != len(self.names):
+                plan = Plan(self.names, self.specs)
+                with _PLANS_LOCK:  # copies are read on several threads (async syncs)
+                    while len(_PLANS) >= 8:
+                        _PLANS.pop(next(iter(_PLANS)))
+                    _PLANS[self.token] = plan
+            self._plan = plan
+        return plan
+
+    def _current_plan(self) -> Plan | None:
+        """The cached plan, if it still describes these names and specs."""
+        plan = self._plan
+        return plan if plan is not None and plan.n == len(self.names) else None
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
