@@ -5,15 +5,18 @@ A steady sync is **one** ``all_gather``: each rank sends a small header
 for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
 and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
 every rank's state with the merge algebra, so the result is what ``merge``
-would give, identical on every rank. Quantile metrics add a second gather of
-just the sketch cells between the global extremes.
+would give, identical on every rank. Quantile metrics send the sketch cells
+of the group's agreed window in the same gather; when some rank's samples fall
+outside it, the window grows to the global extremes and a second gather sends
+the cells again.
 
-When a rank holds a name the agreed layout lacks it says so in its header;
-then every rank sends only its new entries (two gathers of bytes, no pickle),
-the layout grows by them, and the state gather runs again: four collectives,
-and the next sync is steady again. A name with different specs on two ranks
-(or declared differently by a rule) raises :class:`~metricsync.SpecMismatchError`
-on every rank; invalid device data raises on every rank too.
+When a rank holds a name the agreed layout lacks it says so in its header,
+with the size of its new entries encoded; then every rank sends only those
+entries (one gather of bytes, no pickle), the layout grows by them, and the
+state gather runs again: three collectives, and the next sync is steady
+again. A name with different specs on two ranks (or declared differently by
+a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
+device data raises on every rank too.
 
 ``timeout`` bounds the whole call. A collective that fails or times out
 raises :class:`~metricsync.SyncError` and marks the group out of step (a peer
@@ -61,6 +64,7 @@ from ._reduce import (
     within_windows,
 )
 from ._rules import SpecTable
+from ._spec import Spec
 from ._store import Store, with_device_error
 from ._table import StateTable
 
@@ -164,8 +168,10 @@ def _agree_and_merge(
         if attempt and not covered:  # the new entries gave a name this rank holds another spec
             flags |= _CONFLICT
             clash = 1 + _uncovered(table, layout)
+        # a rank with entries the layout lacks sends their encoded size ahead of them
+        blob = b"" if covered else encode_entries(_new_entries(table, placed))
         head = np.array(
-            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, 0],
+            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
             dtype=np.int64,
         )
         # which layout entries this rank holds, and which its rules declare otherwise
@@ -205,7 +211,7 @@ def _agree_and_merge(
         if len(clashes) and not every & _RELAYOUT:  # held by one rank, declared otherwise
             _raise_conflict(rules, table, layout, int(clashes[0]))
         if every & _RELAYOUT:
-            layout = _extend(comm, table, layout, world)
+            layout = _extend(comm, blob, heads[:, 7].tolist(), layout, world)
             continue
         body = gathered[:, HEADER + nbits :]
         merged = merge_ranks(layout, body[:, : layout.data_size])
@@ -295,20 +301,24 @@ def _raise_conflict(rules: SpecTable, table: StateTable, layout: Layout, positio
     )
 
 
-def _extend(comm: Comm, table: StateTable, layout: Layout, world: int) -> Layout:
-    """The layout grown by every rank's entries it lacks: two gathers of bytes."""
-    placed = _placement(comm.state, table, layout)
+def _new_entries(table: StateTable, placed: Placement) -> list[tuple[str, Spec]]:
+    """The (name, spec) entries of ``table`` its layout (``placed``) lacks."""
     known = np.zeros(len(table), dtype=bool)  # the slots the layout holds with their spec
     known[placed.where[placed.held]] = True
     names, specs = table.names, table.specs
-    new = [(names[i], specs[i]) for i in np.flatnonzero(~known).tolist()]
-    blob = np.frombuffer(encode_entries(new), dtype=np.uint8)
-    sizes = comm.all_gather(np.array([len(blob)], dtype=np.int64), world, "the layout size gather")
-    padded = np.zeros(int(sizes.max()), dtype=np.uint8)
-    padded[: len(blob)] = blob
+    return [(names[i], specs[i]) for i in np.flatnonzero(~known).tolist()]
+
+
+def _extend(comm: Comm, blob: bytes, sizes: list[int], layout: Layout, world: int) -> Layout:
+    """The layout grown by every rank's entries it lacks (``blob``: this rank's, encoded;
+    ``sizes``: every rank's, from the headers): one gather of bytes."""
+    padded = np.zeros(max(sizes), dtype=np.uint8)
+    padded[: len(blob)] = np.frombuffer(blob, dtype=np.uint8)
     blobs = comm.all_gather(padded, world, "the layout gather")
     additions: dict[str, Any] = {}
-    for rank, (row, size) in enumerate(zip(blobs, sizes[:, 0].tolist())):
+    for rank, (row, size) in enumerate(zip(blobs, sizes)):
+        if not size:  # a rank whose entries the layout holds sends none
+            continue
         for name, spec in decode_entries(row[:size].tobytes()):
             seen = additions.setdefault(name, spec)
             if seen != spec:

@@ -218,9 +218,9 @@ def test_steady_state_uses_two_collectives_and_no_pickle() -> None:
     for first, steady, reduces in run_distributed(_steady_state, 2):
         assert steady == 1  # the state gather; the quantile cells ride in it (agreed window)
         assert reduces == 0
-        # the first, differing layout: a state gather that asks for new entries, two
-        # gathers of entries, the state gather again, the sketch gather
-        assert first == 5
+        # the first, differing layout: a state gather that asks for new entries (their
+        # size in its header), a gather of entries, the state gather again, the sketch gather
+        assert first == 4
 
 
 def _spec_conflict(rank: int, world: int) -> str:
