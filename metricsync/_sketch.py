@@ -226,14 +226,7 @@ def cells_numpy(layout: SketchLayout, values: np.ndarray) -> tuple[np.ndarray, n
     k = np.log(a, dtype=np.float64)
     k *= 1.0 / layout.ln_gamma
     np.ceil(k, out=k)
-    if lo <= k.min() and k.max() <= hi:  # every magnitude in range, no zero: no sentinel
-        if smallest >= 0:
-            k -= lo - 1 - zero
-        else:
-            k -= lo - 1
-            np.copysign(k, x, out=k)
-            k += zero
-        return k.astype(np.intp), None
+    in_range = lo <= k.min() and k.max() <= hi  # no zero, no sentinel: no fix-up
     # cell = zero + sign(x) * (k - lo + 1): zeros, NaN and tiny values land on the
     # zero cell, +-inf and huge values on the +-inf cells; the fix-up sorts them out.
     if smallest >= 0:
@@ -243,6 +236,8 @@ def cells_numpy(layout: SketchLayout, values: np.ndarray) -> tuple[np.ndarray, n
         np.copysign(k, x, out=k)
         k += zero
     cell = k.astype(np.intp)
+    if in_range:
+        return cell, None
     special = (cell == zero) & (x != 0)
     special |= cell == layout.neg_inf_cell
     special |= cell == layout.pos_inf_cell
