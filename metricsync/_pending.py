@@ -2,9 +2,10 @@
 
 Python numbers go to a per-name ``array('d')`` (weighted ones to a pair of
 them): the hot path of ``record`` is a dict lookup and an append, without a
-lock. Arrays, lists and CPU tensors are copied into one preallocated float64
-buffer, their slot, length and time into flat arrays: no Python object per
-record. A fold turns every pending sample into state columns at once: runs
+lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
+samples of masked ones are copied into one preallocated float64 buffer, their
+slot, length and time into flat arrays: no Python object per record
+(:mod:`metricsync._runs` reads them all out as one batch). A fold turns every pending sample into state columns at once: runs
 ordered by (slot, time), one ``reduceat`` per needed column, runs of a slot
 merged with the merge algebra, and sketch cells counted over the touched
 cells only, never a full sketch per record (:func:`metricsync._fold.fold`).
@@ -34,12 +35,13 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _algebra as al
 from ._fold import Batch, Cells
+from ._runs import Chunk, Rows, Runs, to_batch
 from ._spec import Spec
 
 __all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "HostPending"]
@@ -83,7 +85,7 @@ class HostPending:
         self._wts: np.ndarray | None = None
         self._used = 0
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
-        self._rows = _Rows()  # records reduced on arrival
+        self._rows = Rows()  # records reduced on arrival
         self._keys = 0  # changes whenever ``fast`` gains or loses a name
         self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # see _order_of
 
@@ -150,7 +152,7 @@ class HostPending:
         self.weighted.update(
             {n: (array("d"), array("d")) for n, (v, _) in self.weighted.items() if v}
         )
-        self._retired, self._used, self._rows = [], 0, _Rows()
+        self._retired, self._used, self._rows = [], 0, Rows()
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def held(self) -> set[str]:
@@ -168,7 +170,7 @@ class HostPending:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
         buffers, else they are read by copy and left as they are."""
         now = al.now_us()
-        runs = _Runs()
+        runs = Runs()
         kept: list[tuple[str, Any, int]] = []
         for name, old, done in self._retired:
             # the list entry, the loop variable and getrefcount's argument: nobody else holds
@@ -208,7 +210,7 @@ class HostPending:
         self._retired = kept
         batch = self._batch(runs)
         if consume:
-            self._used, self._rows = 0, _Rows()
+            self._used, self._rows = 0, Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
@@ -236,7 +238,7 @@ class HostPending:
             if n > done and isinstance(buf, StampedBuffer):  # its time now, not at the read
                 numbers[i] = (name, buf, done, n, buf.stamp)
         used, wts = self._used, self._wts
-        chunk = _Chunk(
+        chunk = Chunk(
             used,
             self._vals[:used].copy(),
             None if wts is None else wts[:used].copy(),
@@ -245,96 +247,8 @@ class HostPending:
         )
         return Captured(numbers, chunk)
 
-    def _batch(self, runs: _Runs) -> Batch | None:
-        return _batch(runs, _Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
-
-
-class _Chunk(NamedTuple):
-    """The array samples of a :class:`HostPending` (its chunk buffer and reduced rows)."""
-
-    used: int
-    vals: np.ndarray
-    wts: np.ndarray | None
-    meta: list[Any]
-    rows: _Rows
-
-
-class _Rows:
-    """Records reduced on arrival: their state columns side by side, slots, times, cells."""
-
-    __slots__ = ("cells", "cols", "slot", "stamp")
-
-    def __init__(self) -> None:
-        self.cols = np.empty((al.NCOL_ALL, 0))  # allocated by the first record
-        self.slot = array("q")
-        self.stamp = array("d")
-        self.cells: list[Cells] = []
-
-    def add(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
-        """Keep one record's state column (at most ``_RECORD_LIMIT`` between folds)."""
-        n = len(self.slot)
-        if n == self.cols.shape[1]:
-            self.cols = np.concatenate([self.cols, np.empty((al.NCOL_ALL, max(n, 16)))], axis=1)
-        self.cols[:, n] = row
-        self.slot.append(slot)
-        self.stamp.append(stamp)
-        if cells is not None:
-            self.cells.append(cells)
-
-    def copy(self) -> _Rows:
-        """An independent copy."""
-        out = _Rows()
-        out.cols = self.cols[:, : len(self.slot)].copy()
-        out.slot, out.stamp, out.cells = self.slot[:], self.stamp[:], list(self.cells)
-        return out
-
-
-def _batch(runs: _Runs, chunk: _Chunk) -> Batch | None:
-    """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
-    slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
-    rows = chunk.rows
-    if not runs.slot and not runs.bulk and not len(slots) and not rows.slot:
-        return None
-    used = chunk.used
-    bulk_len = [counts for _, counts, _, _ in runs.bulk]
-    run_len = np.array(runs.count, dtype=np.int64)
-    joined = b"".join([data for data, _, _, _ in runs.bulk] + runs.values)
-    values = np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
-    length = np.concatenate([*bulk_len, run_len, lengths])
-    start = np.zeros(len(length), dtype=np.int64)
-    np.cumsum(length[:-1], out=start[1:])
-    weights = None
-    if runs.weighted or weighted.any():
-        own = np.ones(used)
-        if chunk.wts is not None and weighted.any():
-            mine = np.repeat(weighted.astype(bool), lengths)
-            own[mine] = chunk.wts[:used][mine]
-        listed = b"".join(
-            w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
-        )
-        ones = np.ones(int(sum(int(c.sum()) for c in bulk_len)))
-        weights = np.concatenate([ones, np.frombuffer(listed), own])
-    batch = Batch(
-        values,
-        weights,
-        np.concatenate(
-            [*(s for _, _, s, _ in runs.bulk), np.array(runs.slot, dtype=np.int64), slots]
-        ),
-        start,
-        length,
-        np.concatenate(
-            [*(t for _, _, _, t in runs.bulk), np.array(runs.stamp, dtype=np.float64), stamps]
-        ),
-    )
-    if rows.slot:
-        batch.rows = rows.cols[:, : len(rows.slot)]
-        batch.row_slot = np.array(rows.slot, dtype=np.int64)  # copies: the arrays grow
-        batch.row_stamp = np.array(rows.stamp, dtype=np.float64)
-        batch.cells = rows.cells
-    return batch
-
-
-_ONE = np.ones(1).tobytes()
+    def _batch(self, runs: Runs) -> Batch | None:
+        return to_batch(runs, Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
 
 
 def _length(buf: Any) -> int:
@@ -346,75 +260,16 @@ def _length(buf: Any) -> int:
 class Captured:
     """Pending samples captured by :meth:`HostPending.capture`; ``batch`` reads them."""
 
-    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: _Chunk):
+    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: Chunk):
         self._numbers = numbers  # (name, buffer or pair, read before, length, time)
         self._chunk = chunk  # a HostPending holding copies of the array samples
 
     def batch(self, index: Mapping[str, int]) -> Batch | None:
         """Every captured sample as a :class:`Batch` (None if none), as ``take`` would
         have given at the capture; ``index`` maps names to slots. Reads once."""
-        runs = _Runs()
+        runs = Runs()
         for name, buf, done, n, stamp in self._numbers:
             if n > done:
                 runs.read_until(index[name], buf, done, n, stamp)
         self._numbers = []  # drop the buffers: a fold keeps a held buffer to read it again
-        return _batch(runs, self._chunk)
-
-
-class _Runs:
-    """Buffered numbers read out as runs: bytes, count, slot and time of each."""
-
-    __slots__ = ("bulk", "count", "slot", "stamp", "values", "weighted", "weights")
-
-    def __init__(self) -> None:
-        # unweighted runs read many at a time: (bytes, counts, slots, stamps)
-        self.bulk: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]] = []
-        self.values: list[bytes] = []
-        self.weights: list[bytes | None] = []
-        self.count: list[int] = []
-        self.slot: list[int] = []
-        self.stamp: list[float] = []
-        self.weighted = False
-
-    def read(self, slot: int, buf: Any, done: int, now: float) -> int:
-        """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
-        elsewhere neither fails nor slips in between); return how many it holds."""
-        if isinstance(buf, tuple):  # another thread may be between its two appends
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            n = min(len(values), len(weights)) // 8
-            if n > done:
-                self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done)
-            return n
-        data = buf.tobytes()
-        n = len(data) // 8
-        if n > done:
-            self._add(
-                slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
-            )
-        return n
-
-    def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
-        ``slots``, stamped ``stamps``; return how many each holds."""
-        data = [buf.tobytes() for buf in bufs]
-        counts = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) >> 3
-        held = counts > 0
-        if held.any():
-            self.bulk.append((b"".join(data), counts[held], slots[held], stamps[held]))
-        return counts
-
-    def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
-        """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""
-        if isinstance(buf, tuple):
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], stamp, n - done)
-        else:
-            self._add(slot, buf.tobytes()[8 * done : 8 * n], None, stamp, n - done)
-
-    def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
-        self.values.append(values)
-        self.weights.append(weights)
-        self.weighted |= weights is not None
-        self.count.append(n)
-        self.slot.append(slot)
-        self.stamp.append(stamp)
+        return to_batch(runs, self._chunk)

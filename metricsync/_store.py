@@ -213,9 +213,7 @@ class Store:
             buf = self.pending.fast.get(name)
             if buf is not None:  # this one too: one run with them
                 buf.append(number)
-                if len(buf) >= FAST_LIMIT:
-                    self.flush()
-                return
+                return self.flush() if len(buf) >= FAST_LIMIT else None
             if not self.pending.fits(1):
                 self.flush()
             self.pending.add(slot, np.array([number]), None, al.now_us())

@@ -1,0 +1,177 @@
+"""Buffered samples read out as one :class:`~metricsync._fold.Batch`.
+
+:mod:`metricsync._pending` keeps a ``Metrics``' pending host samples; a fold
+(or an async sync's worker) reads them out through the types here: number
+buffers as :class:`Runs` (their bytes, copied in one call each, with slot,
+count and time), array samples as a :class:`Chunk` of one float64 buffer,
+and records reduced on arrival as :class:`Rows`. :func:`to_batch` joins them
+into the flat arrays the fold takes, with no Python object per sample.
+
+>>> from array import array
+>>> runs = Runs()
+>>> runs.read(3, array("d", [1.0, 2.0]), 0, now=5.0)
+2
+>>> empty = Chunk(0, np.empty(0), None, [array("q"), array("q"), array("d"), array("b")], Rows())
+>>> batch = to_batch(runs, empty)
+>>> batch.values.tolist(), batch.slot.tolist(), batch.length.tolist()
+([1.0, 2.0], [3], [2])
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _algebra as al
+from ._fold import Batch, Cells
+
+__all__ = ["Chunk", "Rows", "Runs", "to_batch"]
+
+
+class Chunk(NamedTuple):
+    """The array samples of a ``HostPending`` (its chunk buffer and reduced rows)."""
+
+    used: int
+    vals: np.ndarray
+    wts: np.ndarray | None
+    meta: list[Any]
+    rows: Rows
+
+
+class Rows:
+    """Records reduced on arrival: their state columns side by side, slots, times, cells."""
+
+    __slots__ = ("cells", "cols", "slot", "stamp")
+
+    def __init__(self) -> None:
+        self.cols = np.empty((al.NCOL_ALL, 0))  # allocated by the first record
+        self.slot = array("q")
+        self.stamp = array("d")
+        self.cells: list[Cells] = []
+
+    def add(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
+        """Keep one record's state column (a bounded number of them between folds)."""
+        n = len(self.slot)
+        if n == self.cols.shape[1]:
+            self.cols = np.concatenate([self.cols, np.empty((al.NCOL_ALL, max(n, 16)))], axis=1)
+        self.cols[:, n] = row
+        self.slot.append(slot)
+        self.stamp.append(stamp)
+        if cells is not None:
+            self.cells.append(cells)
+
+    def copy(self) -> Rows:
+        """An independent copy."""
+        out = Rows()
+        out.cols = self.cols[:, : len(self.slot)].copy()
+        out.slot, out.stamp, out.cells = self.slot[:], self.stamp[:], list(self.cells)
+        return out
+
+
+def to_batch(runs: Runs, chunk: Chunk) -> Batch | None:
+    """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
+    slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
+    rows = chunk.rows
+    if not runs.slot and not runs.bulk and not len(slots) and not rows.slot:
+        return None
+    used = chunk.used
+    bulk_len = [counts for _, counts, _, _ in runs.bulk]
+    run_len = np.array(runs.count, dtype=np.int64)
+    joined = b"".join([data for data, _, _, _ in runs.bulk] + runs.values)
+    values = np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
+    length = np.concatenate([*bulk_len, run_len, lengths])
+    start = np.zeros(len(length), dtype=np.int64)
+    np.cumsum(length[:-1], out=start[1:])
+    weights = None
+    if runs.weighted or weighted.any():
+        own = np.ones(used)
+        if chunk.wts is not None and weighted.any():
+            mine = np.repeat(weighted.astype(bool), lengths)
+            own[mine] = chunk.wts[:used][mine]
+        listed = b"".join(
+            w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
+        )
+        ones = np.ones(int(sum(int(c.sum()) for c in bulk_len)))
+        weights = np.concatenate([ones, np.frombuffer(listed), own])
+    batch = Batch(
+        values,
+        weights,
+        np.concatenate(
+            [*(s for _, _, s, _ in runs.bulk), np.array(runs.slot, dtype=np.int64), slots]
+        ),
+        start,
+        length,
+        np.concatenate(
+            [*(t for _, _, _, t in runs.bulk), np.array(runs.stamp, dtype=np.float64), stamps]
+        ),
+    )
+    if rows.slot:
+        batch.rows = rows.cols[:, : len(rows.slot)]
+        batch.row_slot = np.array(rows.slot, dtype=np.int64)  # copies: the arrays grow
+        batch.row_stamp = np.array(rows.stamp, dtype=np.float64)
+        batch.cells = rows.cells
+    return batch
+
+
+_ONE = np.ones(1).tobytes()
+
+
+class Runs:
+    """Buffered numbers read out as runs: bytes, count, slot and time of each."""
+
+    __slots__ = ("bulk", "count", "slot", "stamp", "values", "weighted", "weights")
+
+    def __init__(self) -> None:
+        # unweighted runs read many at a time: (bytes, counts, slots, stamps)
+        self.bulk: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.values: list[bytes] = []
+        self.weights: list[bytes | None] = []
+        self.count: list[int] = []
+        self.slot: list[int] = []
+        self.stamp: list[float] = []
+        self.weighted = False
+
+    def read(self, slot: int, buf: Any, done: int, now: float) -> int:
+        """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
+        elsewhere neither fails nor slips in between); return how many it holds."""
+        if isinstance(buf, tuple):  # another thread may be between its two appends
+            values, weights = buf[0].tobytes(), buf[1].tobytes()
+            n = min(len(values), len(weights)) // 8
+            if n > done:
+                self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done)
+            return n
+        data = buf.tobytes()
+        n = len(data) // 8
+        if n > done:
+            self._add(
+                slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
+            )
+        return n
+
+    def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
+        ``slots``, stamped ``stamps``; return how many each holds."""
+        data = [buf.tobytes() for buf in bufs]
+        counts = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) >> 3
+        held = counts > 0
+        if held.any():
+            self.bulk.append((b"".join(data), counts[held], slots[held], stamps[held]))
+        return counts
+
+    def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
+        """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""
+        if isinstance(buf, tuple):
+            values, weights = buf[0].tobytes(), buf[1].tobytes()
+            self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], stamp, n - done)
+        else:
+            self._add(slot, buf.tobytes()[8 * done : 8 * n], None, stamp, n - done)
+
+    def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
+        self.values.append(values)
+        self.weights.append(weights)
+        self.weighted |= weights is not None
+        self.count.append(n)
+        self.slot.append(slot)
+        self.stamp.append(stamp)
