@@ -32,10 +32,21 @@ from . import _algebra as al
 from ._sketch import cells_torch, sketch_layout
 from ._spec import Spec
 
-__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "fold_batch"]
+__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "device_error", "fold_batch"]
 
 _F64 = torch.float64
 BAD_WEIGHT, BAD_MASK, BAD_NAN = 1.0, 2.0, 3.0  #: error codes of a row, the larger wins
+
+
+def device_error(name: str, code: float) -> ValueError:
+    """The error of a device record of ``name`` that failed its checks (``code``)."""
+    what = {
+        BAD_NAN: "a non-finite sample under nan='error'",
+        BAD_MASK: "a mask value other than 0 or 1 (use weight= for fractions)",
+    }.get(code, "a negative or non-finite weight (or a mask value other than 0 or 1)")
+    return ValueError(f"metric {name!r}: a recorded tensor held {what}; that record was discarded")
+
+
 _POLICY = {"propagate": 0.0, "ignore": 1.0, "error": 2.0}
 
 

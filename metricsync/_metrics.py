@@ -225,7 +225,7 @@ class Metrics:
         One device-to-host copy per device holding tensor states; nothing changes,
         so observing mid-step leaves later results exactly as they would be.
         """
-        return self._store.snapshot().compute()
+        return self._store.compute()
 
     def histograms(self) -> dict[str, Histogram]:
         """A histogram of every quantile metric holding finite samples, from its sketch.

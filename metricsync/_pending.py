@@ -155,6 +155,12 @@ class HostPending:
         self._retired, self._used, self._rows = [], 0, Rows()
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
+    def empty(self) -> bool:
+        """Whether no sample is pending."""
+        if self._retired or self._used or self._rows.slot or any(self.fast.values()):
+            return False
+        return not any(values for values, _ in self.weighted.values())
+
     def held(self) -> set[str]:
         """Names with pending numbers (they may still be NaN that a fold drops)."""
         names = {n for n, b in self.fast.items() if len(b)}

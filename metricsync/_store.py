@@ -269,6 +269,14 @@ class Store:
         for name, value in deferred:
             self.prepare(name, value(), None, None)()
 
+    def compute(self) -> dict[str, float]:
+        """``snapshot().compute()``; on the table itself, under the lock, when nothing waits
+        to be folded (a synced ``Metrics``): no copy."""
+        with self.lock:
+            if not self.deferred and not self.devices and self.pending.empty():
+                return self.table.compute()
+        return self.snapshot().compute()
+
     def snapshot(self, devices: bool = True) -> StateTable:
         """A copy of the table plus every pending sample.
 
@@ -321,7 +329,9 @@ class Store:
             slots, cols, cells, errors = dev.snapshot()
             if errors.any():
                 dev.clear_errors()
-                _raise_device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
+                from ._device_fold import device_error  # loaded: a device recorded
+
+                raise device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
             out.append((slots, cols, cells))
         return out
 
@@ -387,13 +397,3 @@ def with_device_error(take: Callable[[], T]) -> tuple[T, ValueError | None]:
         return take(), None
     except ValueError as exc:
         return take(), exc
-
-
-def _raise_device_error(name: str, code: float) -> None:
-    from ._device_fold import BAD_MASK, BAD_NAN
-
-    what = {
-        BAD_NAN: "a non-finite sample under nan='error'",
-        BAD_MASK: "a mask value other than 0 or 1 (use weight= for fractions)",
-    }.get(code, "a negative or non-finite weight (or a mask value other than 0 or 1)")
-    raise ValueError(f"metric {name!r}: a recorded tensor held {what}; that record was discarded")
