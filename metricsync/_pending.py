@@ -5,10 +5,11 @@ them): the hot path of ``record`` is a dict lookup and an append, without a
 lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
 samples of masked ones are copied into one preallocated float64 buffer, their
 slot, length and time into flat arrays: no Python object per record
-(:mod:`metricsync._runs` reads them all out as one batch). A fold turns every pending sample into state columns at once: runs
-ordered by (slot, time), one ``reduceat`` per needed column, runs of a slot
-merged with the merge algebra, and sketch cells counted over the touched
-cells only, never a full sketch per record (:func:`metricsync._fold.fold`).
+(:mod:`metricsync._runs` reads them all out as one batch). A fold turns every
+pending sample into state columns at once: runs ordered by (slot, time), one
+``reduceat`` per needed column, runs of a slot merged with the merge algebra,
+and sketch cells counted over the touched cells only, never a full sketch per
+record (:func:`metricsync._fold.fold`).
 
 Threads: a consuming fold swaps each number buffer for a new one and reads
 the old one by copy (never exporting its memory, which an ``append``
