@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -66,6 +67,7 @@ __all__ = [
     "merge",
     "needed_columns",
     "now_us",
+    "spec_kinds",
 ]
 
 
@@ -161,6 +163,19 @@ def carries(spec: Spec) -> np.ndarray:
     mask[list(needed_columns(spec))] = True
     mask.flags.writeable = False
     return mask
+
+
+def spec_kinds(specs: Sequence[Spec]) -> tuple[np.ndarray, list[Spec]]:
+    """Each spec's index among the distinct ``specs`` (in first-seen order), and those:
+    work per spec is done once per distinct spec, then spread with the indexes.
+
+    >>> ids, kinds = spec_kinds([Spec("max"), Spec(), Spec("max")])
+    >>> ids.tolist(), kinds
+    ([0, 1, 0], [Spec('max'), Spec('mean')])
+    """
+    distinct: dict[Spec, int] = {}
+    ids = np.array([distinct.setdefault(s, len(distinct)) for s in specs], dtype=np.intp)
+    return ids, list(distinct)
 
 
 def merge(a: Any, b: Any, xp: Any) -> Any:

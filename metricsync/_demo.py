@@ -84,7 +84,6 @@ def _train_step(metrics: Any, rank: int, step: int, steps: int, rng: np.random.G
 
 
 def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple[str, ...]) -> str:
-
     rng = np.random.default_rng(1234 + rank)
     metrics = Metrics(SPECS)
     # rank 0 draws a bar on stderr when it is a terminal (tqdm when installed)

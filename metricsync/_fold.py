@@ -57,10 +57,7 @@ class SpecInfo:
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
-        # per distinct spec once, then spread to the slots (specs are few, slots many)
-        distinct: dict[Spec, int] = {}
-        ids = np.array([distinct.setdefault(s, len(distinct)) for s in specs], dtype=np.intp)
-        kinds = list(distinct)
+        ids, kinds = al.spec_kinds(specs)  # specs are few, slots many
         carries = np.array([al.carries(s) for s in kinds], dtype=bool).reshape(-1, al.NCOL_ALL)
         self.carried = carries[ids].T
         self.ignore = np.array([s.nan == "ignore" for s in kinds], dtype=bool)[ids]

@@ -85,10 +85,7 @@ class Layout:
         self._plan: Plan | None = None
         digest = hashlib.blake2b(encode_entries(self.entries), digest_size=8).digest()
         self.fingerprint = int.from_bytes(digest, "little") & _MASK62
-        # per distinct spec once, then spread to the positions with numpy
-        distinct: dict[Spec, int] = {}
-        ids = np.array([distinct.setdefault(s, len(distinct)) for s in self.specs], dtype=np.intp)
-        kinds = list(distinct)
+        ids, kinds = al.spec_kinds(self.specs)  # per distinct spec once, then spread
         exact = np.array([s.across == "exact" for s in kinds], dtype=bool)[ids]
         self.exact = exact
         self.across = np.flatnonzero(~exact)
@@ -182,7 +179,7 @@ class Placement:
     mine: np.ndarray  # per layout position: the table has a slot for the name
     held: np.ndarray  # ... with the layout's spec
     covered: bool  # every name of the table is in the layout with the same spec
-    index: tuple[np.ndarray, ...]  # where packing reads the table (see _reduce.pack_index)
+    index: tuple[np.ndarray, ...]  # where packing reads a covered table (_reduce.pack_index)
 
 
 _GROUPS: dict[Hashable, GroupState] = {}

@@ -264,7 +264,7 @@ def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placemen
     covered = int(mine.sum()) == n and int(held.sum()) == n
     if len(state.placed) >= 8:
         state.placed.pop(next(iter(state.placed)))
-    index = pack_index(n, layout, where)
+    index = pack_index(n, layout, where) if covered else ()  # only a covered table packs
     placed = state.placed[key] = Placement(where, mine, held, covered, index)
     return placed
 
