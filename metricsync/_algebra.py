@@ -178,15 +178,18 @@ def spec_kinds(specs: Sequence[Spec]) -> tuple[np.ndarray, list[Spec]]:
     return ids, list(distinct)
 
 
-def merge(a: Any, b: Any, xp: Any) -> Any:
+def merge(a: Any, b: Any, xp: Any, carried: tuple[bool, bool, bool] = (True, True, True)) -> Any:
     """Merge two column-first state arrays elementwise; ``xp`` is ``numpy`` or ``torch``.
 
     Associative and commutative (``last`` and the ranks by a total order).
+    ``carried`` says whether any metric carries ``LAST``, ``M2`` and the rank
+    columns: a column no metric carries holds its identity on both sides, and
+    stays so (``a + b``).
     """
     if xp is np:
         with np.errstate(all="ignore"):  # NaN and inf samples are data here
-            return _merge(a, b, xp)
-    return _merge(a, b, xp)
+            return _merge(a, b, xp, carried)
+    return _merge(a, b, xp, carried)
 
 
 def _greater(x: Any, y: Any, xp: Any) -> Any:
@@ -201,21 +204,30 @@ def _rank_of(a: Any, b: Any, ra: Any, rb: Any, xp: Any) -> Any:
     return xp.where(_greater(b, a, xp), rb, xp.where(_greater(a, b, xp), ra, low))
 
 
-def _merge(a: Any, b: Any, xp: Any) -> Any:
+def _merge(a: Any, b: Any, xp: Any, carried: tuple[bool, bool, bool]) -> Any:
     out = a + b  # the SUM columns; every other column is overwritten below
     ma, mb = a[_MAX], b[_MAX]
     # NaN wins, as in maximum; of 0.0 and -0.0, 0.0 (so that merges commute)
     top = xp.maximum(ma, mb)
     out[_MAX] = xp.where(top == 0, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
-    ta, tb = a[T], b[T]
-    take_b = (tb > ta) | ((tb == ta) & _greater(b[LAST], a[LAST], xp))
-    out[LAST] = xp.where(take_b, b[LAST], a[LAST])
+    last, m2, ranks = carried
+    if last:
+        ta, tb = a[T], b[T]
+        take_b = (tb > ta) | ((tb == ta) & _greater(b[LAST], a[LAST], xp))
+        out[LAST] = xp.where(take_b, b[LAST], a[LAST])
+    if not m2:
+        return _ranks(a, b, out, xp) if ranks else out
     wa, wb = a[W], b[W]
     total = wa + wb
     both = (wa > 0) & (wb > 0)
     delta = b[S] / xp.where(wb > 0, wb, 1.0) - a[S] / xp.where(wa > 0, wa, 1.0)
     correction = xp.where(both, wa * wb / xp.where(total > 0, total, 1.0) * delta * delta, 0.0)
     out[M2] = a[M2] + b[M2] + correction
+    return _ranks(a, b, out, xp) if ranks else out
+
+
+def _ranks(a: Any, b: Any, out: Any, xp: Any) -> Any:
+    """``out`` with the rank columns of ``a`` and ``b`` merged."""
     if xp is np and np.isnan(a[MAXRANK:]).all() and np.isnan(b[MAXRANK:]).all():
         return out  # no ranks on either side (no argrank metric): NaN + NaN, as they are
     out[MAXRANK] = _rank_of(a[MAX], b[MAX], a[MAXRANK], b[MAXRANK], xp)

@@ -30,7 +30,6 @@ __all__ = [
     "check_tensor",
     "device_mask",
     "device_weight",
-    "dense_float_under_bool_mask",
     "host_mask",
     "host_values",
     "host_weights",
@@ -255,19 +254,3 @@ def device_mask(name: str, mask: Any, x: Any) -> Any:
         return _on_device(mask, x.device)
     flat = host_mask(name, mask, tuple(x.shape))
     return _on_device(torch.from_numpy(flat.reshape(x.shape)), x.device)
-
-
-def dense_float_under_bool_mask(x: Any, mask: Any) -> bool:
-    """Whether tensor ``x`` is dense float32 or float64 (no autograd, no negative view) and
-    ``mask`` a dense boolean CPU tensor of its shape: a pair whose numpy views need no check."""
-    torch = sys.modules["torch"]  # loaded: x is a tensor
-    strided = torch.strided
-    return (
-        (x.dtype is torch.float32 or x.dtype is torch.float64)
-        and mask.dtype is torch.bool
-        and x.layout is strided
-        and mask.layout is strided
-        and mask.is_cpu
-        and not (x.requires_grad or x.is_nested or mask.is_nested or x.is_neg())
-        and x.shape == mask.shape
-    )

@@ -85,6 +85,7 @@ class HostPending:
         self._vals = np.empty(0)
         self._wts: np.ndarray | None = None
         self._used = 0
+        self._extended = 0  # array samples appended to number buffers (see ``extend``)
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
         self._rows = Rows()  # records reduced on arrival
         self._keys = 0  # changes whenever ``fast`` gains or loses a name
@@ -110,11 +111,22 @@ class HostPending:
     def fits(self, n: int) -> bool:
         """Whether ``n`` more array samples (or one reduced record) fit before a fold."""
         records = len(self._meta[0]) + len(self._rows.slot)
-        return self._used + n <= CHUNK_LIMIT and records < _RECORD_LIMIT
+        return self._used + self._extended + n <= CHUNK_LIMIT and records < _RECORD_LIMIT
 
     def add_row(self, slot: int, row: np.ndarray, cells: Cells | None, stamp: float) -> None:
         """Keep one record reduced on arrival (its cells give slot 0: replaced by ``slot``)."""
         self._rows.add(slot, row, None if cells is None else (slot, *cells[1:]), stamp)
+
+    def extend(self, name: str, values: np.ndarray) -> bool:
+        """Append unweighted array samples (checked) to ``name``'s number buffer, to fold as
+        one run with its numbers; False when it has no plain one (a ``last`` metric's keeps
+        the time of its latest number). The caller made room with a fold."""
+        buf = self.fast.get(name)
+        if buf.__class__ is not array:
+            return False
+        buf.frombytes(values.astype(np.float64, copy=False).tobytes())  # all or nothing
+        self._extended += len(values)
+        return True
 
     def add(self, slot: int, values: np.ndarray, weights: np.ndarray | None, stamp: float) -> None:
         """Buffer (by copy) an array of checked samples; the caller made room with a fold."""
@@ -153,7 +165,7 @@ class HostPending:
         self.weighted.update(
             {n: (array("d"), array("d")) for n, (v, _) in self.weighted.items() if v}
         )
-        self._retired, self._used, self._rows = [], 0, Rows()
+        self._retired, self._used, self._extended, self._rows = [], 0, 0, Rows()
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def empty(self) -> bool:
@@ -217,7 +229,7 @@ class HostPending:
         self._retired = kept
         batch = self._batch(runs)
         if consume:
-            self._used, self._rows = 0, Rows()
+            self._used, self._extended, self._rows = 0, 0, Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 

@@ -113,13 +113,55 @@ def query_sketches(
     array([[50.41]])
     """
     first_cell, end = window(layout, float(vmin.min()), float(vmax.max()))
+    if len(sketches) <= _FEW:  # one by one: fewer numpy calls than all at once
+        cums = [np.cumsum(cells[first_cell:end]) for cells in sketches]
+        if all(math.isfinite(cum[-1]) for cum in cums):
+            reps = _representatives(layout)[first_cell:end]
+            lo, hi, qs = vmin.tolist(), vmax.tolist(), list(qs)
+            nan = [_NAN] * len(qs)
+            return np.array(
+                [
+                    nan if cells[layout.nan_cell] else _answer_one(reps, cum, qs, method, a, b)
+                    for cells, cum, a, b in zip(sketches, cums, lo, hi)
+                ]
+            ).reshape(len(sketches), len(qs))
     cum = np.cumsum(np.stack([cells[first_cell:end] for cells in sketches]), axis=1)
-    if not np.isfinite(cum[:, -1]).all():
+    if not np.isfinite(cum[:, -1]).all():  # weights beyond float64
         return query(layout, np.stack(sketches), qs, vmin, vmax, method)
-    q = np.asarray(qs, dtype=np.float64)
-    out = _answer(_representatives(layout)[first_cell:end], cum, q, method, vmin, vmax)
+    out = _answer(_representatives(layout)[first_cell:end], cum, np.asarray(qs), method, vmin, vmax)
     out[[cells[layout.nan_cell] != 0 for cells in sketches]] = np.nan
     return out
+
+
+_FEW = 8  #: sketches a query answers one by one (fewer numpy calls than all at once)
+_NAN = float("nan")
+
+
+def _answer_one(
+    reps: np.ndarray, cum: np.ndarray, qs: list[float], method: str, lo: float, hi: float
+) -> list[float]:
+    """:func:`_answer` of one row of finite cumulative weights, a binary search per
+    quantile instead of comparisons with every cell (the same positions: ``cum`` never
+    decreases)."""
+    total = float(cum[-1])
+    if not total > 0:
+        return [_NAN] * len(qs)
+    last = len(cum) - 1
+    if method == "inverted_cdf":
+        at = cum.searchsorted([q * total for q in qs]).tolist()  # how many cells lie below
+        out = [float(reps[min(i, last)]) for i in at]
+    else:
+        h = [max(q * (total - 1.0), 0.0) for q in qs]
+        below = [float(math.floor(x)) for x in h]
+        at = cum.searchsorted(below + [b + 1.0 for b in below], side="right").tolist()
+        out = []
+        for j, (x, b) in enumerate(zip(h, below)):
+            frac = x - b
+            x0 = float(reps[min(at[j], last)])
+            step = float(reps[min(at[j + len(qs)], last)]) - x0 if frac > 0 else 0.0
+            out.append(x0 + frac * step)
+    # into [lo, hi] (NaN stays NaN, as with numpy's minimum and maximum), ends exact
+    return [lo if q == 0.0 else hi if q == 1.0 else min(max(v, lo), hi) for v, q in zip(out, qs)]
 
 
 def _answer(

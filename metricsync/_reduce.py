@@ -111,8 +111,10 @@ def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     states[:, layout.unpack_at] = gathered[:, :carried]
     states = states.reshape(world, al.NCOL_ALL, k)
     state = states[0]
+    c = layout.carried  # a column no position carries needs no merge rule
+    rules = (len(c[al.LAST]) > 0, len(c[al.M2]) > 0, len(c[al.MAXRANK]) > 0)
     for other in states[1:]:
-        state = al.merge(state, other, np)
+        state = al.merge(state, other, np, rules)
     aggs = gathered[0, carried:].reshape(-1, ACOL)
     if len(layout.across) and world > 1:
         first = np.repeat(layout.first, layout.agg_rows)
@@ -168,6 +170,14 @@ def within_windows(
     logarithm rounds. NaN extremes need no cells (the NaN cell always travels).
     """
     if not windows:
+        return True
+    if len(windows) <= 8:  # a few: scalar reads cost less than building arrays
+        n, cols = len(table), table.cols
+        for slot, win in zip(where[layout.sketch_at].tolist(), windows):
+            if slot < n and cols[al.W, slot] > 0:
+                lo, hi = -cols[al.NEGMIN, slot], cols[al.MAX, slot]
+                if lo < win.vmin or hi > win.vmax:  # NaN extremes are never outside
+                    return False
         return True
     slots = where[layout.sketch_at]
     held = slots < len(table)

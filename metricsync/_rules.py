@@ -12,7 +12,6 @@ carry its rules for free.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import re
 from collections.abc import Iterator
@@ -157,4 +156,6 @@ class SpecTable:
     def copy(self) -> SpecTable:
         """An independent copy (copy-on-write: the rules are copied at the first ``add``)."""
         self._shared = True  # both sides now copy the dicts before their first change
-        return copy.copy(self)
+        twin = SpecTable.__new__(SpecTable)  # a shallow copy, cheaper than copy.copy
+        twin.__dict__.update(self.__dict__)
+        return twin

@@ -80,7 +80,12 @@ def to_batch(runs: Runs, chunk: Chunk) -> Batch | None:
     bulk_len = [counts for _, counts, _, _ in runs.bulk]
     run_len = np.array(runs.count, dtype=np.int64)
     joined = b"".join([data for data, _, _, _ in runs.bulk] + runs.values)
-    values = np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
+    # read-only when the numbers are all there is (no copy of them); a fold only reads
+    values = (
+        np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
+        if used
+        else np.frombuffer(joined)
+    )
     length = np.concatenate([*bulk_len, run_len, lengths])
     start = np.zeros(len(length), dtype=np.int64)
     np.cumsum(length[:-1], out=start[1:])

@@ -90,10 +90,14 @@ class Plan:
         self.ranks = [(at, col) for at, col in self.ranks if len(at)]
         self.quantile_at = np.flatnonzero(codes == _QUANTILE)
         self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
+        used = set(codes.tolist())
+        self.last = _CODE["last"] in used
+        self.moments = bool(used & {_CODE["var"], _CODE["std"]})
 
 
-def _plain_stats(cols: np.ndarray, ddof: np.ndarray) -> np.ndarray:
-    """``(len(_PLAIN), n)``: every plain statistic of every metric (NaN without samples)."""
+def _plain_stats(cols: np.ndarray, plan: Plan) -> np.ndarray:
+    """``(len(_PLAIN), n)``: every plain statistic of every metric (NaN without samples);
+    ``last``, ``var`` and ``std`` only if some key of ``plan`` asks for them."""
     w = cols[al.W]
     has = w > 0
     safe = np.where(has, w, 1.0)
@@ -103,8 +107,11 @@ def _plain_stats(cols: np.ndarray, ddof: np.ndarray) -> np.ndarray:
     out[_CODE["count"]] = w
     out[_CODE["min"]] = np.where(has, -cols[al.NEGMIN], np.nan)
     out[_CODE["max"]] = np.where(has, cols[al.MAX], np.nan)
-    out[_CODE["last"]] = np.where(cols[al.T] > -np.inf, cols[al.LAST], np.nan)
-    dof = w - ddof
+    if plan.last:
+        out[_CODE["last"]] = np.where(cols[al.T] > -np.inf, cols[al.LAST], np.nan)
+    if not plan.moments:
+        return out
+    dof = w - plan.ddof
     m2 = cols[al.M2]
     var = np.where(m2 < 0, 0.0, m2) / np.where(dof > 0, dof, 1.0)
     out[_CODE["var"]] = np.where(has & (dof > 0), var, np.nan)
@@ -142,7 +149,7 @@ def local_values(
 ) -> np.ndarray:
     """The value of every key of ``plan`` from the metrics' own samples (NaN where none)."""
     with np.errstate(all="ignore"):
-        values = _plain_stats(cols, plan.ddof)[plan.plain, plan.slots]
+        values = _plain_stats(cols, plan)[plan.plain, plan.slots]
         if len(plan.dropped):
             values[plan.dropped] = cols[al.DROP, plan.slots[plan.dropped]]
         for at, col in plan.ranks:

@@ -31,7 +31,6 @@ from . import _convert
 from ._convert import (
     as_torch,
     check_tensor,
-    dense_float_under_bool_mask,
     device_mask,
     device_weight,
     host_mask,
@@ -49,6 +48,8 @@ __all__ = ["Store", "with_device_error"]
 
 T = TypeVar("T")
 
+_BOOL = np.dtype(bool)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 MASKED_MAX = 4096  #: masked tensors keeping at most this many samples buffer them
 
@@ -170,7 +171,7 @@ class Store:
             if n > ARRIVAL_MIN:  # a few reductions now cost less than keeping every sample
                 row, cells = reduce_record(values, w, spec, stamp)
                 self.pending.add_row(slot, row, cells, stamp)
-            else:
+            elif w is not None or not self.pending.extend(name, values):
                 self.pending.add(slot, values, w, stamp)
 
     def add_small(self, name: str, values: np.ndarray) -> bool:
@@ -178,32 +179,41 @@ class Store:
         allows NaN); False when it is not such an array (the general path takes it)."""
         if values.dtype.kind not in "fiub" or not 0 < values.size <= ARRIVAL_MIN:
             return False
+        flat = values.reshape(-1)
         with self.lock:
-            slot = self.table.index[name]
             if not self.pending.fits(values.size):
                 self.flush()
-            self.pending.add(slot, values.reshape(-1), None, al.now_us())
+            if not self.pending.extend(name, flat):
+                self.pending.add(self.table.index[name], flat, None, al.now_us())
         return True
 
     def add_masked(self, name: str, x: Any, mask: Any) -> bool:
         """Record a large float CPU tensor under a boolean CPU mask of its shape, for a name
         whose number buffer is open; False when they are not such tensors (the general path
         takes them, and checks them). The kept samples are buffered when they are few
-        enough (one copy, folded with the rest), else reduced now."""
-        if x.numel() <= ARRIVAL_MIN or not dense_float_under_bool_mask(x, mask):
+        enough (one copy, folded with the rest), else reduced now.
+
+        ``numpy()`` raises ``TypeError`` or ``RuntimeError`` for a tensor it cannot view
+        (autograd, a negative or conjugate bit, sparse, nested, not on the CPU, bfloat16):
+        the caller then takes the general path, nothing recorded.
+        """
+        xn, mn = x.numpy(), mask.numpy()
+        if mn.dtype is not _BOOL or xn.dtype not in _FLOATS or xn.shape != mn.shape:
             return False
-        kept = x.numpy()[mask.numpy()]  # same shapes: the kept samples, in C order
+        if xn.size <= ARRIVAL_MIN:
+            return False
+        kept = xn[mn]  # the kept samples, in C order
         n = len(kept)
         with self.lock:
-            slot = self.table.index[name]
-            stamp = al.now_us()
             if not self.pending.fits(n if n <= MASKED_MAX else 0):
                 self.flush()
             if n > MASKED_MAX:
+                slot = self.table.index[name]
+                stamp = al.now_us()
                 row, cells = reduce_record(kept, None, self.table.specs[slot], stamp)
                 self.pending.add_row(slot, row, cells, stamp)
-            elif n:
-                self.pending.add(slot, kept, None, stamp)
+            elif n and not self.pending.extend(name, kept):
+                self.pending.add(self.table.index[name], kept, None, al.now_us())
         return True
 
     def _apply_number(self, name: str, spec: Spec, number: float) -> None:

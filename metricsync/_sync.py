@@ -71,7 +71,8 @@ from ._table import StateTable
 __all__ = ["describe_tag", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
-_RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW = 1, 2, 4, 8
+_RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED = 1, 2, 4, 8, 16
+_IN_STEP = [0, 1, 2, 6]  # header words every rank's must equal this rank's
 
 
 def sync(
@@ -170,15 +171,17 @@ def _agree_and_merge(
             clash = 1 + _uncovered(table, layout)
         # a rank with entries the layout lacks sends their encoded size ahead of them
         blob = b"" if covered else encode_entries(_new_entries(table, placed))
+        # which layout entries this rank holds, and which its rules declare otherwise
+        declared = _declared_otherwise(rules, layout, mine)
+        flags |= _DECLARED if declared.any() else 0
         head = np.array(
             [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
             dtype=np.int64,
         )
-        # which layout entries this rank holds, and which its rules declare otherwise
-        bits = np.packbits(np.concatenate([placed.held, _declared_otherwise(rules, layout, mine)]))
+        bits = np.packbits(np.concatenate([placed.held, declared]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
         size = layout.data_size + sum(w.hi - w.lo + 2 for w in agreed)
-        if flags & ~_WINDOW:
+        if flags & (_RELAYOUT | _DEVICE_ERROR | _CONFLICT):  # no state to send
             data = np.zeros(size)
         else:
             data = np.concatenate(
@@ -205,11 +208,13 @@ def _agree_and_merge(
         if every & _CONFLICT:
             _raise_conflict(rules, table, layout, int(heads[:, 5].max()) - 1)
         nbits = len(bits) // 8
-        held_bits = np.ascontiguousarray(gathered[:, HEADER : HEADER + nbits]).view(np.uint8)
-        masks = np.unpackbits(held_bits, axis=1)[:, : 2 * len(layout)].astype(bool)
-        clashes = np.flatnonzero(masks[:, len(layout) :].any(0) & masks[:, : len(layout)].any(0))
-        if len(clashes) and not every & _RELAYOUT:  # held by one rank, declared otherwise
-            _raise_conflict(rules, table, layout, int(clashes[0]))
+        if every & _DECLARED and not every & _RELAYOUT:  # held by one rank, declared otherwise?
+            held_bits = np.ascontiguousarray(gathered[:, HEADER : HEADER + nbits]).view(np.uint8)
+            masks = np.unpackbits(held_bits, axis=1)[:, : 2 * len(layout)].astype(bool)
+            k = len(layout)
+            clashes = np.flatnonzero(masks[:, k:].any(0) & masks[:, :k].any(0))
+            if len(clashes):
+                _raise_conflict(rules, table, layout, int(clashes[0]))
         if every & _RELAYOUT:
             layout = _extend(comm, blob, heads[:, 7].tolist(), layout, world)
             continue
@@ -230,6 +235,8 @@ def _agree_and_merge(
 
 
 def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
+    if (heads[:, _IN_STEP] == mine[_IN_STEP]).all():  # magic, sync number, layout, tag
+        return
     same = (heads[:, 0] == _MAGIC) & (heads[:, 1] == mine[1]) & (heads[:, 2] == mine[2])
     if not same.all():
         comm.state.broken = "ranks disagreed on the sync sequence or the agreed layout"

@@ -144,7 +144,8 @@ def test_every_path_agrees_with_the_others_and_with_numpy(
 def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
     """Large float CPU tensors under a boolean mask (reduced where recorded, past the
     general path's conversion) give numpy's statistics in every form: float32, views,
-    autograd, negative views, 0/1 masks; a mask of another shape raises, recording nothing."""
+    autograd, negative views, 0/1 masks, half precisions; a mask of another shape raises,
+    recording nothing."""
     rng = np.random.default_rng(7)
     spec = ms.Spec(("mean", "max", "min", "count"), nan="ignore")
     m = ms.Metrics({"v": spec})
@@ -162,10 +163,12 @@ def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
         (base.neg().conj(), mask),  # a plain neg: no lazy bit on real tensors
         (torch.neg(base)._neg_view() if hasattr(base, "_neg_view") else -base, mask),
         (base, mask.to(torch.float32)),  # a 0/1 numeric mask takes the general path
+        (base.half(), mask),  # half and bfloat16 take the general path too
+        (base.bfloat16(), mask),
     ]
     for x, mk in forms:
         m.record("v", x, mask=mk)
-        xs.append(x.detach().resolve_neg().double().numpy().reshape(-1))
+        xs.append(x.detach().resolve_neg().double().numpy().reshape(-1))  # as recorded
         ws.append(mk.numpy().reshape(-1) != 0)
     with pytest.raises(ValueError, match="mask has shape"):
         m.record("v", base, mask=mask[:, :10])
