@@ -53,13 +53,14 @@ class SpecInfo:
     """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
     carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
 
-    __slots__ = ("carried", "ignore", "keep", "need", "sketch")
+    __slots__ = ("carried", "ignore", "keep", "need", "sketch", "uncarried")
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
         ids, kinds = al.spec_kinds(specs)  # specs are few, slots many
         carries = np.array([al.carries(s) for s in kinds], dtype=bool).reshape(-1, al.NCOL_ALL)
         self.carried = carries[ids].T
+        self.uncarried = ~self.carried[: al.NCOL]  # persisted columns a fold sets back
         self.ignore = np.array([s.nan == "ignore" for s in kinds], dtype=bool)[ids]
         self.sketch = np.array([s.needs_sketch for s in kinds], dtype=bool)[ids]
         # the columns any of them carries: a fold computes these for every run (a column a
@@ -215,6 +216,9 @@ def merge_by_slot(
     cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, info: SpecInfo
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(slots, cols)``: rows of the same slot merged in time order (see the module docstring)."""
+    if len(slot) < 2 or (slot[1:] > slot[:-1]).all():  # one row per slot, in order
+        _forget_uncarried(cols, slot, info)
+        return slot, cols
     order = _time_order(slot, stamp)
     if order is not None:
         cols, slot = np.take(cols, order, axis=1), slot[order]
@@ -262,7 +266,7 @@ def _forget_uncarried(cols: np.ndarray, slots: np.ndarray, info: SpecInfo) -> No
     may have written (a state depends on the records alone, not on other metrics): the
     persisted columns, as the rank columns only a sync writes."""
     n = al.NCOL
-    np.copyto(cols[:n], al.IDENTITY[:n, None], where=~info.carried[:n, slots])
+    np.copyto(cols[:n], al.IDENTITY[:n, None], where=info.uncarried[:, slots])
 
 
 def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -287,6 +291,16 @@ def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np
     return m2
 
 
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+_NO_ROWS: np.ndarray = _frozen(al.identity(0))
+_NO_SLOTS: np.ndarray = _frozen(np.zeros(0, dtype=np.int64))
+_NO_STAMPS: np.ndarray = _frozen(np.zeros(0))
+
+
 @dataclass
 class Batch:
     """Pending samples: runs (run ``i`` is ``values[start[i]:start[i]+length[i]]``) and
@@ -298,9 +312,9 @@ class Batch:
     start: np.ndarray
     length: np.ndarray
     stamp: np.ndarray
-    rows: np.ndarray = field(default_factory=lambda: al.identity(0))
-    row_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    row_stamp: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)  # read-only empties
+    row_slot: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    row_stamp: np.ndarray = field(default_factory=lambda: _NO_STAMPS)
     cells: list[Cells] = field(default_factory=list)
 
 

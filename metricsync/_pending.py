@@ -85,7 +85,8 @@ class HostPending:
         self._vals = np.empty(0)
         self._wts: np.ndarray | None = None
         self._used = 0
-        self._extended = 0  # array samples appended to number buffers (see ``extend``)
+        self._arrays: dict[str, list[np.ndarray]] = {}  # see ``extend``
+        self._extended = 0  # samples in ``_arrays``
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
         self._rows = Rows()  # records reduced on arrival
         self._keys = 0  # changes whenever ``fast`` gains or loses a name
@@ -117,15 +118,20 @@ class HostPending:
         """Keep one record reduced on arrival (its cells give slot 0: replaced by ``slot``)."""
         self._rows.add(slot, row, None if cells is None else (slot, *cells[1:]), stamp)
 
-    def extend(self, name: str, values: np.ndarray) -> bool:
-        """Append unweighted array samples (checked) to ``name``'s number buffer, to fold as
-        one run with its numbers; False when it has no plain one (a ``last`` metric's keeps
-        the time of its latest number). The caller made room with a fold."""
-        buf = self.fast.get(name)
-        if buf.__class__ is not array:
+    def extend(self, name: str, values: np.ndarray, owned: bool = False) -> bool:
+        """Keep unweighted array samples (checked, 1-D) of a name with a plain number buffer:
+        a copy (none if ``owned``: a fresh array nobody else holds), listed under the name
+        so that its arrays fold as one run; False when its buffer is not plain (a ``last``
+        metric's keeps the time of its latest number). The caller made room with a fold."""
+        if self.fast.get(name).__class__ is not array:
             return False
-        buf.frombytes(values.astype(np.float64, copy=False).tobytes())  # all or nothing
-        self._extended += len(values)
+        kept = values if owned else np.array(values, dtype=np.float64)
+        arrays = self._arrays.get(name)
+        if arrays is None:
+            self._arrays[name] = [kept]
+        else:
+            arrays.append(kept)
+        self._extended += len(kept)
         return True
 
     def add(self, slot: int, values: np.ndarray, weights: np.ndarray | None, stamp: float) -> None:
@@ -150,6 +156,7 @@ class HostPending:
         if self.fast.pop(name, None) is not None:
             self._keys += 1
         self.weighted.pop(name, None)
+        self._arrays.pop(name, None)
 
     def clear(self) -> None:
         """Forget every pending sample."""
@@ -165,12 +172,15 @@ class HostPending:
         self.weighted.update(
             {n: (array("d"), array("d")) for n, (v, _) in self.weighted.items() if v}
         )
-        self._retired, self._used, self._extended, self._rows = [], 0, 0, Rows()
+        self._retired, self._used, self._rows = [], 0, Rows()
+        self._arrays, self._extended = {}, 0
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def empty(self) -> bool:
         """Whether no sample is pending."""
-        if self._retired or self._used or self._rows.slot or any(self.fast.values()):
+        if self._retired or self._used or self._rows.slot or self._arrays:
+            return False
+        if any(self.fast.values()):
             return False
         return not any(values for values, _ in self.weighted.values())
 
@@ -179,6 +189,7 @@ class HostPending:
         names = {n for n, b in self.fast.items() if len(b)}
         names.update(n for n, (v, _) in self.weighted.items() if len(v))
         names.update(n for n, _, _ in self._retired)
+        names.update(self._arrays)
         return names
 
     def chunk_slots(self) -> set[int]:
@@ -227,9 +238,11 @@ class HostPending:
             if consume and sys.getrefcount(pair) > 3:
                 kept.append((name, pair, n))
         self._retired = kept
+        runs.read_arrays(index, self._arrays, now)
         batch = self._batch(runs)
         if consume:
-            self._used, self._extended, self._rows = 0, 0, Rows()
+            self._arrays, self._extended = {}, 0
+            self._used, self._rows = 0, Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
@@ -264,7 +277,8 @@ class HostPending:
             [a[:] for a in self._meta],
             self._rows.copy(),
         )
-        return Captured(numbers, chunk)
+        arrays = {name: parts[:] for name, parts in self._arrays.items()}  # never changed
+        return Captured(numbers, chunk, arrays, now)
 
     def _batch(self, runs: Runs) -> Batch | None:
         return to_batch(runs, Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
@@ -279,9 +293,17 @@ def _length(buf: Any) -> int:
 class Captured:
     """Pending samples captured by :meth:`HostPending.capture`; ``batch`` reads them."""
 
-    def __init__(self, numbers: list[tuple[str, Any, int, int, float]], chunk: Chunk):
+    def __init__(
+        self,
+        numbers: list[tuple[str, Any, int, int, float]],
+        chunk: Chunk,
+        arrays: dict[str, list[np.ndarray]],
+        now: float,
+    ):
         self._numbers = numbers  # (name, buffer or pair, read before, length, time)
         self._chunk = chunk  # a HostPending holding copies of the array samples
+        self._arrays = arrays  # name -> its listed arrays (see HostPending.extend)
+        self._now = now
 
     def batch(self, index: Mapping[str, int]) -> Batch | None:
         """Every captured sample as a :class:`Batch` (None if none), as ``take`` would
@@ -291,4 +313,5 @@ class Captured:
             if n > done:
                 runs.read_until(index[name], buf, done, n, stamp)
         self._numbers = []  # drop the buffers: a fold keeps a held buffer to read it again
+        runs.read_arrays(index, self._arrays, self._now)
         return to_batch(runs, self._chunk)

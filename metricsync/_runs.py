@@ -20,6 +20,7 @@ into the flat arrays the fold takes, with no Python object per sample.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -72,21 +73,28 @@ class Rows:
 
 def to_batch(runs: Runs, chunk: Chunk) -> Batch | None:
     """``runs`` and ``chunk`` as one :class:`Batch` (None if both are empty)."""
+    if len(runs.bulk) == 1 and not runs.slot and not chunk.meta[0] and not chunk.rows.slot:
+        data, counts, slots, stamps = runs.bulk[0]  # the usual case: number buffers only,
+        parts = [np.frombuffer(data)]  # and arrays listed by name
+        if runs.arrays:
+            counts = np.concatenate([counts, np.array(runs.array_count, dtype=np.int64)])
+            slots = np.concatenate([slots, np.array(runs.array_slot, dtype=np.int64)])
+            stamps = np.concatenate([stamps, np.array(runs.array_stamp, dtype=np.float64)])
+            parts += runs.arrays
+        start = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=start[1:])
+        return Batch(_joined(parts), None, slots, start, counts, stamps)
     slots, lengths, stamps, weighted = (np.frombuffer(a, dtype=a.typecode) for a in chunk.meta)
     rows = chunk.rows
-    if not runs.slot and not runs.bulk and not len(slots) and not rows.slot:
+    if not runs.slot and not runs.bulk and not runs.arrays and not len(slots) and not rows.slot:
         return None
     used = chunk.used
     bulk_len = [counts for _, counts, _, _ in runs.bulk]
     run_len = np.array(runs.count, dtype=np.int64)
+    array_len = np.array(runs.array_count, dtype=np.int64)
     joined = b"".join([data for data, _, _, _ in runs.bulk] + runs.values)
-    # read-only when the numbers are all there is (no copy of them); a fold only reads
-    values = (
-        np.concatenate([np.frombuffer(joined), chunk.vals[:used]])
-        if used
-        else np.frombuffer(joined)
-    )
-    length = np.concatenate([*bulk_len, run_len, lengths])
+    values = _joined([np.frombuffer(joined), *runs.arrays, chunk.vals[:used]])
+    length = np.concatenate([*bulk_len, run_len, array_len, lengths])
     start = np.zeros(len(length), dtype=np.int64)
     np.cumsum(length[:-1], out=start[1:])
     weights = None
@@ -99,17 +107,25 @@ def to_batch(runs: Runs, chunk: Chunk) -> Batch | None:
             w if w is not None else _ONE * n for w, n in zip(runs.weights, runs.count)
         )
         ones = np.ones(int(sum(int(c.sum()) for c in bulk_len)))
-        weights = np.concatenate([ones, np.frombuffer(listed), own])
+        weights = np.concatenate([ones, np.frombuffer(listed), np.ones(int(array_len.sum())), own])
     batch = Batch(
         values,
         weights,
         np.concatenate(
-            [*(s for _, _, s, _ in runs.bulk), np.array(runs.slot, dtype=np.int64), slots]
+            [
+                *(s for _, _, s, _ in runs.bulk),
+                np.array(runs.slot + runs.array_slot, dtype=np.int64),
+                slots,
+            ]
         ),
         start,
         length,
         np.concatenate(
-            [*(t for _, _, _, t in runs.bulk), np.array(runs.stamp, dtype=np.float64), stamps]
+            [
+                *(t for _, _, _, t in runs.bulk),
+                np.array(runs.stamp + runs.array_stamp, dtype=np.float64),
+                stamps,
+            ]
         ),
     )
     if rows.slot:
@@ -123,10 +139,31 @@ def to_batch(runs: Runs, chunk: Chunk) -> Batch | None:
 _ONE = np.ones(1).tobytes()
 
 
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` as one float64 array: the only part as it is (read-only: a fold only
+    reads), else one copy of them all."""
+    nonempty = [p for p in parts if len(p)] or parts[:1]
+    if len(nonempty) == 1 and nonempty[0].dtype == np.float64:
+        return nonempty[0]
+    return np.concatenate(nonempty, dtype=np.float64)
+
+
 class Runs:
     """Buffered numbers read out as runs: bytes, count, slot and time of each."""
 
-    __slots__ = ("bulk", "count", "slot", "stamp", "values", "weighted", "weights")
+    __slots__ = (
+        "array_count",
+        "array_slot",
+        "array_stamp",
+        "arrays",
+        "bulk",
+        "count",
+        "slot",
+        "stamp",
+        "values",
+        "weighted",
+        "weights",
+    )
 
     def __init__(self) -> None:
         # unweighted runs read many at a time: (bytes, counts, slots, stamps)
@@ -137,6 +174,11 @@ class Runs:
         self.slot: list[int] = []
         self.stamp: list[float] = []
         self.weighted = False
+        # arrays listed by name (HostPending.extend): one run per name, after the numbers
+        self.arrays: list[np.ndarray] = []
+        self.array_count: list[int] = []  # samples in each run
+        self.array_slot: list[int] = []
+        self.array_stamp: list[float] = []
 
     def read(self, slot: int, buf: Any, done: int, now: float) -> int:
         """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
@@ -154,6 +196,16 @@ class Runs:
                 slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
             )
         return n
+
+    def read_arrays(
+        self, index: Mapping[str, int], arrays: Mapping[str, list[np.ndarray]], now: float
+    ) -> None:
+        """Add the arrays listed under each name (read, not copied) as one run per name."""
+        for name, parts in arrays.items():
+            self.arrays += parts
+            self.array_count.append(sum(map(len, parts)))
+            self.array_slot.append(index[name])
+            self.array_stamp.append(now)
 
     def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots

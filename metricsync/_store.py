@@ -212,7 +212,7 @@ class Store:
                 stamp = al.now_us()
                 row, cells = reduce_record(kept, None, self.table.specs[slot], stamp)
                 self.pending.add_row(slot, row, cells, stamp)
-            elif n and not self.pending.extend(name, kept):
+            elif n and not self.pending.extend(name, kept, owned=True):  # indexing copied
                 self.pending.add(self.table.index[name], kept, None, al.now_us())
         return True
 
