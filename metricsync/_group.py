@@ -10,11 +10,13 @@ from __future__ import annotations
 import numbers
 from collections.abc import Hashable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "check_timeout",
+    "GroupFacts",
     "comm_device",
+    "group_facts",
     "group_key",
     "initialized_dist",
     "resolve_group",
@@ -67,9 +69,42 @@ def sync_target(group: Any, timeout: Any) -> tuple[Any, Any, float | None]:
     if dist is None:
         return None, group, seconds
     group = resolve_group(dist, group)
-    if dist.get_rank(group) < 0:
-        raise ValueError("this rank is not a member of the given process group")
+    group_facts(dist, group)  # raises for a group this rank is not a member of
     return dist, group, seconds
+
+
+class GroupFacts(NamedTuple):
+    """What a sync asks of a process group: none of it changes while the group lives."""
+
+    rank: int
+    world: int
+    key: Hashable  # the key a group's memory is kept under
+    backend: str
+
+
+_FACTS: dict[int, tuple[Any, Any, GroupFacts]] = {}  # id(group) -> (group, dist, facts)
+
+
+def group_facts(dist: Any, group: Any) -> GroupFacts:
+    """This rank's :class:`GroupFacts` of ``group`` (asked of ``dist`` once per group: an
+    entry holds its group, so no other object takes its id); ``ValueError`` if this rank
+    is not a member."""
+    hit = _FACTS.get(id(group))
+    if hit is not None and hit[0] is group and hit[1] is dist:
+        return hit[2]
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this rank is not a member of the given process group")
+    facts = GroupFacts(
+        rank,
+        dist.get_world_size(group),
+        group_key(dist, group),
+        str(dist.get_backend(group)).lower(),
+    )
+    while len(_FACTS) >= 64:
+        _FACTS.pop(next(iter(_FACTS)))
+    _FACTS[id(group)] = (group, dist, facts)
+    return facts
 
 
 def group_key(dist: Any, group: Any) -> Hashable:
@@ -77,9 +112,9 @@ def group_key(dist: Any, group: Any) -> Hashable:
 
 
 def comm_device(dist: Any, group: Any) -> Any:
+    """The device a group's collectives run on: the current CUDA device for NCCL."""
     import torch
 
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
+    if "nccl" in group_facts(dist, group).backend and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -106,6 +106,11 @@ class Layout:
         # where each packed value goes in a raveled (NCOL_ALL, k) state, in packing order
         self.unpack_at = np.concatenate([c * k + at for c, at in enumerate(self.carried)])
         self.data_size = int(carried.sum()) + 4 * sum(self.agg_rows)  # float64 words
+        self.blank = al.identity(k).reshape(-1)  # a raveled state holding no samples
+        self.blank.flags.writeable = False
+        # whether any position carries LAST, M2 and the ranks (see al.merge)
+        last, m2, ranks = (len(self.carried[c]) > 0 for c in (al.LAST, al.M2, al.MAXRANK))
+        self.rules = (last, m2, ranks)
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -107,14 +107,13 @@ _NO_SAMPLES = identity(1)
 def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     """Merge every rank's packed vector (rows of ``gathered``, rank order) into a table."""
     world, k, carried = len(gathered), len(layout), len(layout.unpack_at)
-    states = np.tile(identity(k).reshape(-1), (world, 1))
-    states[:, layout.unpack_at] = gathered[:, :carried]
-    states = states.reshape(world, al.NCOL_ALL, k)
+    flat = np.empty((world, len(layout.blank)))
+    flat[:] = layout.blank
+    flat[:, layout.unpack_at] = gathered[:, :carried]
+    states = flat.reshape(world, al.NCOL_ALL, k)
     state = states[0]
-    c = layout.carried  # a column no position carries needs no merge rule
-    rules = (len(c[al.LAST]) > 0, len(c[al.M2]) > 0, len(c[al.MAXRANK]) > 0)
     for other in states[1:]:
-        state = al.merge(state, other, np, rules)
+        state = al.merge(state, other, np, layout.rules)
     aggs = gathered[0, carried:].reshape(-1, ACOL)
     if len(layout.across) and world > 1:
         first = np.repeat(layout.first, layout.agg_rows)
@@ -200,7 +199,7 @@ def pack_cells(
         if cells is None:
             parts.append(np.zeros(hi - lo + 2))
         else:
-            parts += [cells[lo:hi], cells[[sk.nan_cell, sk.clamped_cell]]]
+            parts += [cells[lo:hi], cells[sk.nan_cell :]]  # the last two: NaN, clamped
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -215,5 +214,5 @@ def sum_cells(
         cells = merged.sketches[i]
         cells[lo:hi] = total[offset : offset + hi - lo]
         offset += hi - lo
-        cells[[sk.nan_cell, sk.clamped_cell]] = total[offset : offset + 2]
+        cells[sk.nan_cell :] = total[offset : offset + 2]  # the last two: NaN, clamped
         offset += 2

@@ -42,7 +42,7 @@ import numpy as np
 
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError
-from ._group import comm_device, group_key, sync_target
+from ._group import comm_device, group_facts, sync_target
 from ._layout import (
     NO_WINDOW,
     GroupState,
@@ -72,7 +72,6 @@ __all__ = ["describe_tag", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED = 1, 2, 4, 8, 16
-_IN_STEP = [0, 1, 2, 6]  # header words every rank's must equal this rank's
 
 
 def sync(
@@ -106,7 +105,7 @@ def sync_table(
     ones; see :mod:`metricsync._async`): ranks whose tags differ raise
     ``SyncError``, since they are merging different ``Metrics``.
     """
-    state = group_state(group_key(dist, group), group)
+    state = group_state(group_facts(dist, group).key, group)
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "
@@ -156,7 +155,7 @@ def _agree_and_merge(
     tag: int,
 ) -> StateTable:
     state = comm.state
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rank, world, _, _ = group_facts(dist, group)
     layout = state.layout
     for attempt in range(2):
         placed = _placement(state, table, layout)
@@ -235,7 +234,8 @@ def _agree_and_merge(
 
 
 def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
-    if (heads[:, _IN_STEP] == mine[_IN_STEP]).all():  # magic, sync number, layout, tag
+    want = [*mine[:3].tolist(), int(mine[6])]  # magic, sync number, layout, tag
+    if all(row[:3] + row[6:7] == want for row in heads.tolist()):
         return
     same = (heads[:, 0] == _MAGIC) & (heads[:, 1] == mine[1]) & (heads[:, 2] == mine[2])
     if not same.all():

@@ -63,7 +63,7 @@ class StateTable:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.specs: list[Spec] = []
-        self.cols = identity(8)
+        self.cols = identity(8) if parts is None else parts.cols
         self.sketches: dict[int, np.ndarray] = {}
         self.aggs: dict[int, np.ndarray] = {}
         self._plan: Plan | None = None
