@@ -216,7 +216,7 @@ def merge_by_slot(
     cols: np.ndarray, slot: np.ndarray, stamp: np.ndarray, info: SpecInfo
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(slots, cols)``: rows of the same slot merged in time order (see the module docstring)."""
-    if len(slot) < 2 or (slot[1:] > slot[:-1]).all():  # one row per slot, in order
+    if len(slot) < 2 or np.bincount(slot).max() < 2:  # one row per slot: nothing to merge
         _forget_uncarried(cols, slot, info)
         return slot, cols
     order = _time_order(slot, stamp)
@@ -380,19 +380,32 @@ def _run_cells(
     length = length[runs]
     ends = np.cumsum(length)
     at = np.repeat(start[runs] - ends + length, length) + np.arange(int(ends[-1]))
-    of = np.repeat(run_slot[runs], length)  # each sketched sample's slot
     x, w = x[at], None if w is None else w[at]
+    slots = run_slot[runs].tolist()
+    if len(set(slots)) == len(slots) and len({specs[s].accuracy for s in slots}) == 1:
+        # one run per metric (as a fold of listed arrays gives), one accuracy: one call
+        # places every cell, and each metric's cells are a slice of them
+        layout = sketch_layout(specs[slots[0]].accuracy)
+        cell, clamped = cells_numpy(layout, x)
+        bounds = [0, *ends.tolist()]
+        out = []
+        for slot, lo, hi in zip(slots, bounds, bounds[1:]):
+            out_of_range = None if clamped is None or not clamped[lo:hi].any() else clamped[lo:hi]
+            ws = None if w is None else w[lo:hi]
+            out.append(count_cells(layout, slot, cell[lo:hi], out_of_range, ws))
+        return out
+    of = np.repeat(run_slot[runs], length)  # each sketched sample's slot
     by_accuracy: dict[float, list[int]] = {}
-    for slot in sorted(set(run_slot[runs].tolist())):
+    for slot in sorted(set(slots)):
         by_accuracy.setdefault(specs[slot].accuracy, []).append(slot)
     out = []
-    for accuracy, slots in by_accuracy.items():
-        mine = np.isin(of, slots) if len(by_accuracy) > 1 else slice(None)
+    for accuracy, group in by_accuracy.items():
+        mine = np.isin(of, group) if len(by_accuracy) > 1 else slice(None)
         layout = sketch_layout(accuracy)
         cell, clamped = cells_numpy(layout, x[mine])
         ws, of_mine = None if w is None else w[mine], of[mine]
-        for slot in slots:
-            sel = of_mine == slot if len(slots) > 1 else slice(None)
+        for slot in group:
+            sel = of_mine == slot if len(group) > 1 else slice(None)
             out_of_range = None if clamped is None or not clamped[sel].any() else clamped[sel]
             out.append(
                 count_cells(layout, slot, cell[sel], out_of_range, None if ws is None else ws[sel])
