@@ -332,8 +332,13 @@ def fold(
     cols, slot, stamp, cells = [batch.rows], [batch.row_slot], [batch.row_stamp], list(batch.cells)
     info = spec_info(specs, key)
     runs = batch.length > 0
-    if runs.any():
-        run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
+    every = bool(runs.all())  # no empty run (the usual case): no selection to make
+    if every or runs.any():
+        if every:
+            run_slot, start, length, run_stamp = batch.slot, batch.start, batch.length, batch.stamp
+        else:
+            run_slot, start, length = batch.slot[runs], batch.start[runs], batch.length[runs]
+            run_stamp = batch.stamp[runs]
         x, w = batch.values, batch.weights
         if len(start) != len(batch.length):  # empty runs leave gaps: keep the samples of the rest
             take = np.repeat(start - np.r_[0, np.cumsum(length)[:-1]], length)
@@ -350,13 +355,15 @@ def fold(
                 if dropped.any():
                     w = np.where(dropped, 0.0, 1.0 if w is None else w)
                     drops = np.add.reduceat(dropped.astype(np.float64), start)
-            run_cols = run_columns(info.need, x, w, start, length, batch.stamp[runs])
+            run_cols = run_columns(info.need, x, w, start, length, run_stamp)
             if drops is not None:
                 run_cols[al.DROP] = drops
+        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, start, length)
+        if not len(batch.row_slot):  # runs only: nothing to join them with
+            return (*merge_by_slot(run_cols, run_slot, run_stamp, info), cells)
         cols.append(run_cols)
         slot.append(run_slot)
-        stamp.append(batch.stamp[runs])
-        cells += _run_cells(specs, info.sketch[run_slot], run_slot, x, w, start, length)
+        stamp.append(run_stamp)
     slots, merged = merge_by_slot(
         np.concatenate(cols, axis=1), np.concatenate(slot), np.concatenate(stamp), info
     )
