@@ -25,7 +25,7 @@ median over the repeats:
   sync at the same K.
 
 It also counts the payload bytes each rank hands to the collectives per
-steady sync, and the bytes per quantile metric: the marginal bytes of one
+steady sync (for gloo's all-to-all, the chunk each other rank receives), and the bytes per quantile metric: the marginal bytes of one
 more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy).
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
@@ -177,6 +177,9 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
                 dist.all_gather([torch.empty_like(buf) for _ in range(world)], buf)
             elif fname in ("all_gather_single", "all_gather_into_tensor"):
                 dist.all_gather_single(torch.empty(world * buf.numel(), dtype=buf.dtype), buf)
+            elif fname == "all_to_all_single":  # a gather on gloo (see metricsync._comm)
+                out = torch.empty(world * buf.numel(), dtype=buf.dtype)
+                dist.all_to_all_single(out, buf.repeat(world))
             else:
                 dist.all_reduce(buf, op=dist.ReduceOp.MAX)
         return None

@@ -3,13 +3,16 @@
 Python numbers go to a per-name ``array('d')`` (weighted ones to a pair of
 them): the hot path of ``record`` is a dict lookup and an append, without a
 lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
-samples of masked ones are copied into one preallocated float64 buffer, their
-slot, length and time into flat arrays: no Python object per record
-(:mod:`metricsync._runs` reads them all out as one batch). A fold turns every
-pending sample into state columns at once: runs ordered by (slot, time), one
-``reduceat`` per needed column, runs of a slot merged with the merge algebra,
-and sketch cells counted over the touched cells only, never a full sketch per
-record (:func:`metricsync._fold.fold`).
+samples of masked ones are listed under their name (a copy each; the kept
+samples are one already), so that a name's samples fold as one run. Those of
+a ``last`` metric (whose buffer keeps the time of its latest number), a
+``nan="error"`` one or weighted ones are copied into one preallocated float64
+buffer, their slot, length and time into flat arrays. :mod:`metricsync._runs`
+reads everything out as one batch. A fold turns every pending sample into
+state columns at once: runs ordered by (slot, time), one ``reduceat`` per
+needed column, runs of a slot merged with the merge algebra, and sketch cells
+counted over the touched cells only, never a full sketch per record
+(:func:`metricsync._fold.fold`).
 
 Threads: a consuming fold swaps each number buffer for a new one and reads
 the old one by copy (never exporting its memory, which an ``append``

@@ -1,6 +1,6 @@
 """Synchronizing metrics across ``torch.distributed`` ranks.
 
-A steady sync is **one** ``all_gather``: each rank sends a small header
+A steady sync is **one** gather (see :mod:`metricsync._comm`): each rank sends a small header
 (protocol, sync number, fingerprint of the group's agreed layout, flags, and
 for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
 and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
@@ -105,7 +105,8 @@ def sync_table(
     ones; see :mod:`metricsync._async`): ranks whose tags differ raise
     ``SyncError``, since they are merging different ``Metrics``.
     """
-    state = group_state(group_facts(dist, group).key, group)
+    facts = group_facts(dist, group)
+    state = group_state(facts.key, group)
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "
@@ -117,7 +118,8 @@ def sync_table(
         raise SyncError(
             "metricsync sync: another thread's sync on this group did not finish in time"
         )
-    comm = Comm(dist, group, deadline, state, comm_device(dist, group))
+    gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
+    comm = Comm(dist, group, deadline, state, comm_device(dist, group), exchange=gloo)
     try:
         result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
         state.seq += 1

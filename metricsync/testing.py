@@ -243,6 +243,9 @@ _TENSOR_COLLECTIVES: dict[str, tuple[int, str] | None] = {
     "all_to_all": (1, "input_tensor_list"),
     "barrier": None,
 }
+#: all-to-all functions (position of their ``group`` argument): each destination rank gets
+#: one chunk of the input, so the payload counted is the input over the group size
+_ALL_TO_ALL = {"all_to_all_single": 4, "all_to_all": 2}
 _OBJECT_COLLECTIVES: dict[str, tuple[int, str] | None] = {  # pickled: one object, or a list
     "all_gather_object": (1, "obj"),
     "gather_object": (0, "obj"),
@@ -256,10 +259,12 @@ class CollectiveCounts:
     """What :func:`count_collectives` saw: calls by function name, and payload bytes.
 
     ``bytes`` adds up, per call, the size of what this rank handed to the
-    collective: the tensor (or the tensors of a list) it contributes, or the
-    pickle of the object for the ``*_object*`` functions. It is the payload,
-    not the wire traffic, which depends on the backend's algorithm (a ring
-    all-reduce moves about twice the payload per rank). ``log`` lists every
+    collective: the tensor (or the tensors of a list) it contributes, its
+    chunk per rank for the all-to-all functions (the input over the group
+    size), or the pickle of the object for the ``*_object*`` functions. It
+    is the payload, not the wire traffic, which depends on the backend's
+    algorithm (a ring all-reduce moves about twice the payload per rank; an
+    all-gather and an all-to-all of equal chunks move the same). ``log`` lists every
     call in order as ``(function name, payload bytes)``.
     """
 
@@ -315,6 +320,10 @@ def count_collectives() -> Iterator[CollectiveCounts]:
                     size = sum(len(pickle.dumps(item)) for item in items or [])
                 else:
                     size = _payload_bytes(payload)
+                if name in _ALL_TO_ALL:
+                    at = _ALL_TO_ALL[name]
+                    group = args[at] if len(args) > at else kwargs.get("group")
+                    size //= max(dist.get_world_size(group), 1)
             counts.calls[name] += 1
             counts.bytes += size
             counts.log.append((name, size))

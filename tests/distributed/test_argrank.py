@@ -225,7 +225,8 @@ def test_argrank_matches_brute_force(world: int, tmp_path: Path) -> None:
         assert out["local"][100.0] == {"t/min_rank": 0.0}
         assert out["resynced"] == {"t/max_rank": world - 1.0, "t/min_rank": world - 1.0}
         (plain_calls, plain_bytes), (ranked_calls, ranked_bytes) = out["counts"]
-        assert plain_calls == ranked_calls == {"all_gather_single": 1}  # the cells ride along
+        # one gather (gloo's all-to-all form of it); the cells ride along
+        assert plain_calls == ranked_calls == {"all_to_all_single": 1}
         assert ranked_bytes - plain_bytes == 8 * (EXTRA_WORDS - 2)  # "len" left out
     assert ranked_trials > TRIALS  # most trials had samples to rank
     _check_show_ranks(tmp_path, seed, world)

@@ -417,8 +417,8 @@ def _scenarios_on_torch_ops(rank: int, world: int, count: int, seed0: int) -> di
 
     original = metricsync._comm.Comm.__init__
 
-    def device_path(self: Any, *args: Any) -> None:
-        original(self, *args)
+    def device_path(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
         self.host = False
 
     metricsync._comm.Comm.__init__ = device_path  # type: ignore[method-assign]

@@ -50,7 +50,13 @@ SLOW = 3.5  # how late the slow rank is into each collective in phase 6
 DEADLINE = 4.0  # the timeout of phase 6
 MARGIN = 6.0  # what a SyncError may take beyond its timeout on a loaded machine
 SYNCS = 15  # while threads record
-COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "all_gather", "all_reduce")
+COLLECTIVES = (
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "all_gather",
+    "all_reduce",
+    "all_to_all_single",
+)
 
 
 def _wrap_collectives(before: Callable[[], None]) -> Callable[[], None]:

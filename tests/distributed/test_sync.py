@@ -169,6 +169,7 @@ def _steady_state(rank: int, world: int) -> tuple[int, int, int]:
         "all_gather_single",
         "reduce_scatter",
         "all_to_all",
+        "all_to_all_single",
     ):
         original = getattr(dist, fname)
         originals[fname] = original

@@ -60,19 +60,23 @@ def _collectives(rank: int, world: int) -> tuple[int, int, list[tuple[str, int]]
         out: list[object] = [None] * world
         dist.all_gather_object(out, obj)  # all_gather inside: counted once, as this call
         dist.barrier()
+        # an all-to-all: each rank receives one chunk, so the payload is one chunk's bytes
+        dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world))
     restored = dist.all_reduce is original
     return seen.total, seen.bytes - len(pickle.dumps(obj)), seen.log, restored
 
 
 def test_count_collectives_counts_calls_and_payload_bytes() -> None:
     for total, tensor_bytes, log, restored in run_distributed(_collectives, 2):
-        assert total == 4
-        assert tensor_bytes == 80 + 12
+        assert total == 5
+        assert tensor_bytes == 80 + 12 + 16
         assert [name for name, _ in log] == [
             "all_reduce",
             "all_gather",
             "all_gather_object",
             "barrier",
+            "all_to_all_single",
         ]
+        assert log[4] == ("all_to_all_single", 16)
         assert log[0] == ("all_reduce", 80) and log[1] == ("all_gather", 12)
         assert restored

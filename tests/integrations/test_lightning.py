@@ -202,7 +202,7 @@ def _ddp_rank(
         MASTER_PORT="29500",  # unused: the group already exists
     )
     count = [0]
-    original, original_gather = dist.all_reduce, dist.all_gather_single
+    original, original_gather = dist.all_reduce, dist.all_to_all_single  # a gloo sync's gather
 
     def counting(*args: object, **kwargs: object) -> object:
         count[0] += 1
@@ -225,7 +225,7 @@ def _ddp_rank(
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             per_step.append(count[0])
 
-    dist.all_reduce, dist.all_gather_single = counting, counting_gather
+    dist.all_reduce, dist.all_to_all_single = counting, counting_gather
     try:
         collect = Collect()
         module = Tiny(sync_dist_keys=KEYS)
@@ -234,7 +234,7 @@ def _ddp_rank(
         trainer.fit(module, _loader(n=32, batch=4))
         tracker.close()
     finally:
-        dist.all_reduce, dist.all_gather_single = original, original_gather
+        dist.all_reduce, dist.all_to_all_single = original, original_gather
     raw = {step: np.concatenate(parts).tolist() for step, parts in module.raw.items()}
     return collect.rows, raw, per_step, max(baseline)
 

@@ -204,6 +204,7 @@ class _CountingCallback(MetricsyncCallback):
             "all_gather",
             "all_gather_into_tensor",
             "all_gather_single",
+            "all_to_all_single",
             "broadcast",
             "barrier",
         )
