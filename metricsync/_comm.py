@@ -9,7 +9,8 @@ the one we abandoned), so the group is marked broken: later syncs on it raise
 at once and never enter a collective. On gloo a gather is an all-to-all:
 every rank sends its array to every other rank in one exchange, instead of
 the ring of ``world - 1`` steps gloo's ``all_gather`` takes (on 4 ranks of
-a 2-core machine, about half the time for the few kilobytes a sync sends).
+a 2-core machine, about half the time for the few kilobytes a sync sends;
+groups of more than :data:`EXCHANGE_MAX` ranks keep the ring).
 
 >>> import numpy as np
 >>> remaining(None) is None
@@ -27,7 +28,11 @@ import numpy as np
 from ._errors import SyncError
 from ._layout import GroupState
 
-__all__ = ["Comm", "remaining"]
+__all__ = ["EXCHANGE_MAX", "Comm", "remaining"]
+
+#: the largest group whose gloo gathers are all-to-alls: its input is the array repeated
+#: once per rank, memory that grows with the group (a ring all_gather's does not)
+EXCHANGE_MAX = 64
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -101,7 +106,7 @@ class Comm:
         mine = self._tensor(np.ascontiguousarray(array))
         out = torch.empty(world * mine.numel(), dtype=mine.dtype, device=mine.device)
         self.bytes_sent += array.nbytes
-        if self.exchange and world > 1:
+        if self.exchange and 1 < world <= EXCHANGE_MAX:
             # gloo: every rank sends its array to every other rank at once (an all-to-all
             # of it repeated), where gloo's all_gather passes the arrays around a ring in
             # world - 1 steps; each rank puts the same bytes on the wire, in less time

@@ -315,3 +315,34 @@ def test_without_process_group_sync_returns_a_copy() -> None:
     assert synced is not m and synced.compute() == m.compute() == {"x": 1.5}
     synced.record("x", 100.0)
     assert m.compute() == {"x": 1.5}
+
+
+def _gather_kinds(rank: int, world: int) -> list[tuple[dict[str, int], dict[str, float]]]:
+    import metricsync._comm as comm
+    from metricsync.testing import count_collectives
+
+    out = []
+    original = comm.EXCHANGE_MAX
+    for limit in (original, 1):  # the all-to-all, then the ring past the limit
+        comm.EXCHANGE_MAX = limit
+        try:
+            m = ms.Metrics({"q": ms.Spec(("mean", "p50", "max"))})
+            m.record("loss", float(rank + 1))
+            m.record("q", np.arange(10.0) * (rank + 1))
+            m.sync()  # agrees the layout
+            with count_collectives() as seen:
+                got = m.sync().compute()
+            out.append((dict(seen.calls), got))
+        finally:
+            comm.EXCHANGE_MAX = original
+    return out
+
+
+def test_gloo_gathers_by_all_to_all_up_to_a_group_size_then_by_ring() -> None:
+    """A steady gloo sync is one all-to-all; past EXCHANGE_MAX ranks one all_gather, and
+    both give the same result, bit for bit."""
+    for (exchange_calls, exchanged), (ring_calls, ringed) in run_distributed(_gather_kinds, 2):
+        assert exchange_calls == {"all_to_all_single": 1}
+        assert sum(ring_calls.values()) == 1 and "all_to_all_single" not in ring_calls
+        assert exchanged == ringed
+        assert exchanged["loss"] == 1.5 and exchanged["q/max"] == 18.0
