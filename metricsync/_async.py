@@ -82,10 +82,10 @@ from collections.abc import Callable, Hashable
 from datetime import timedelta
 from typing import Any
 
-from ._errors import SyncError
+from ._errors import SyncError, with_device_error
 from ._group import check_timeout, resolve_group, sync_target
 from ._rules import SpecTable
-from ._store import Store, with_device_error
+from ._store import Store
 from ._sync import sync_table
 from ._table import StateTable
 

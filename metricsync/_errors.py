@@ -10,7 +10,12 @@ True
 
 from __future__ import annotations
 
-__all__ = ["CodecError", "MetricsyncError", "SpecMismatchError", "SyncError"]
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["CodecError", "MetricsyncError", "SpecMismatchError", "SyncError", "with_device_error"]
+
+T = TypeVar("T")
 
 
 class MetricsyncError(Exception):
@@ -31,3 +36,12 @@ class CodecError(MetricsyncError, ValueError):
 
 class SyncError(MetricsyncError):
     """A collective did not complete: a rank is missing, timed out or failed."""
+
+
+def with_device_error(take: Callable[[], T]) -> tuple[T, ValueError | None]:
+    """``take()`` and None, or, when a device record failed its checks (``ValueError``, the
+    record dropped), ``take()`` again and that error: a sync reports it on every rank."""
+    try:
+        return take(), None
+    except ValueError as exc:
+        return take(), exc

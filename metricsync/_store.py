@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -44,9 +44,7 @@ from ._rules import SpecTable
 from ._spec import Spec
 from ._table import StateTable
 
-__all__ = ["Store", "with_device_error"]
-
-T = TypeVar("T")
+__all__ = ["Store"]
 
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -191,16 +189,14 @@ class Store:
         """Record a large float CPU tensor under a boolean CPU mask of its shape, for a name
         whose number buffer is open; False when they are not such tensors (the general path
         takes them, and checks them). The kept samples are buffered when they are few
-        enough (one copy, folded with the rest), else reduced now.
-
-        ``numpy()`` raises ``TypeError`` or ``RuntimeError`` for a tensor it cannot view
-        (autograd, a negative or conjugate bit, sparse, nested, not on the CPU, bfloat16):
-        the caller then takes the general path, nothing recorded.
-        """
+        enough (folded with the rest), else reduced now. ``numpy()`` raises ``TypeError``
+        or ``RuntimeError`` for a tensor it cannot view (autograd, a negative or conjugate
+        bit, sparse, nested, not on the CPU, bfloat16): the caller then takes the general
+        path, nothing recorded."""
         xn, mn = x.numpy(), mask.numpy()
         if mn.dtype is not _BOOL or xn.dtype not in _FLOATS or xn.shape != mn.shape:
             return False
-        if xn.size <= ARRIVAL_MIN:
+        if xn.size <= ARRIVAL_MIN:  # small: the general path buffers them
             return False
         kept = xn[mn]  # the kept samples, in C order
         n = len(kept)
@@ -398,12 +394,3 @@ def _merge_devices(
         with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
             for slot, extra in cells.items():
                 table.sketches[slot] += extra
-
-
-def with_device_error(take: Callable[[], T]) -> tuple[T, ValueError | None]:
-    """``take()`` and None, or, when a device record failed its checks (``ValueError``, the
-    record dropped), ``take()`` again and that error: a sync reports it on every rank."""
-    try:
-        return take(), None
-    except ValueError as exc:
-        return take(), exc

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ._comm import Comm, remaining
-from ._errors import SpecMismatchError, SyncError
+from ._errors import SpecMismatchError, SyncError, with_device_error
 from ._group import comm_device, group_facts, sync_target
 from ._layout import (
     NO_WINDOW,
@@ -65,7 +65,7 @@ from ._reduce import (
 )
 from ._rules import SpecTable
 from ._spec import Spec
-from ._store import Store, with_device_error
+from ._store import Store
 from ._table import StateTable
 
 __all__ = ["describe_tag", "sync", "sync_table"]

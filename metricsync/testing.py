@@ -243,8 +243,7 @@ _TENSOR_COLLECTIVES: dict[str, tuple[int, str] | None] = {
     "all_to_all": (1, "input_tensor_list"),
     "barrier": None,
 }
-#: all-to-all functions (position of their ``group`` argument): each destination rank gets
-#: one chunk of the input, so the payload counted is the input over the group size
+#: all-to-alls (where their ``group`` is): the payload counted is one destination's chunk
 _ALL_TO_ALL = {"all_to_all_single": 4, "all_to_all": 2}
 _OBJECT_COLLECTIVES: dict[str, tuple[int, str] | None] = {  # pickled: one object, or a list
     "all_gather_object": (1, "obj"),
