@@ -244,23 +244,42 @@ def free_port() -> int:
         return port
 
 
+def _worker_group() -> Any:
+    pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=1)
+    wg = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(cls=ray.remote(MetricWorker)),
+        device_name="cpu",
+        master_addr="127.0.0.1",  # verl would pick the node's address; stay on loopback
+        master_port=str(free_port()),
+        worker_env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+    )
+    assert wg.init_gloo() == [WORLD, WORLD]
+    return wg
+
+
 @pytest.fixture(scope="module")
 def group() -> Iterator[Any]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # Workers cannot import this test module by name; ship its functions and class by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
-        pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=1)
-        wg = RayWorkerGroup(
-            pool,
-            RayClassWithInitArgs(cls=ray.remote(MetricWorker)),
-            device_name="cpu",
-            master_addr="127.0.0.1",  # verl would pick the node's address; stay on loopback
-            master_port=str(free_port()),
-            worker_env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        )
-        assert wg.init_gloo() == [WORLD, WORLD]
+        for attempt in range(3):
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+            )
+            try:
+                wg = _worker_group()
+                break
+            except ray.exceptions.RayTaskError as exc:
+                # the free port was taken before rank 0 listened on it (it is free only
+                # when chosen): start over on another one
+                if "EADDRINUSE" not in str(exc) or attempt == 2:
+                    raise
+                ray.shutdown()
         yield wg
     finally:
         ray.shutdown()
