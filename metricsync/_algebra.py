@@ -63,8 +63,10 @@ __all__ = [
     "Column",
     "carries",
     "Op",
+    "Packed",
     "identity",
     "merge",
+    "merge_packed",
     "needed_columns",
     "now_us",
     "spec_kinds",
@@ -173,23 +175,24 @@ def spec_kinds(specs: Sequence[Spec]) -> tuple[np.ndarray, list[Spec]]:
     >>> ids.tolist(), kinds
     ([0, 1, 0], [Spec('max'), Spec('mean')])
     """
+    # specs are canonical objects, so most equal specs are the same object: the distinct
+    # objects first (C loops), then equal ones among those few
+    objects = dict(zip(map(id, specs), specs))
     distinct: dict[Spec, int] = {}
-    ids = np.array([distinct.setdefault(s, len(distinct)) for s in specs], dtype=np.intp)
+    kind_of = {key: distinct.setdefault(s, len(distinct)) for key, s in objects.items()}
+    ids = np.fromiter(map(kind_of.__getitem__, map(id, specs)), dtype=np.intp, count=len(specs))
     return ids, list(distinct)
 
 
-def merge(a: Any, b: Any, xp: Any, carried: tuple[bool, bool, bool] = (True, True, True)) -> Any:
+def merge(a: Any, b: Any, xp: Any) -> Any:
     """Merge two column-first state arrays elementwise; ``xp`` is ``numpy`` or ``torch``.
 
     Associative and commutative (``last`` and the ranks by a total order).
-    ``carried`` says whether any metric carries ``LAST``, ``M2`` and the rank
-    columns: a column no metric carries holds its identity on both sides, and
-    stays so (``a + b``).
     """
     if xp is np:
         with np.errstate(all="ignore"):  # NaN and inf samples are data here
-            return _merge(a, b, xp, carried)
-    return _merge(a, b, xp, carried)
+            return _merge(a, b, xp)
+    return _merge(a, b, xp)
 
 
 def _greater(x: Any, y: Any, xp: Any) -> Any:
@@ -204,26 +207,33 @@ def _rank_of(a: Any, b: Any, ra: Any, rb: Any, xp: Any) -> Any:
     return xp.where(_greater(b, a, xp), rb, xp.where(_greater(a, b, xp), ra, low))
 
 
-def _merge(a: Any, b: Any, xp: Any, carried: tuple[bool, bool, bool]) -> Any:
-    out = a + b  # the SUM columns; every other column is overwritten below
-    ma, mb = a[_MAX], b[_MAX]
-    # NaN wins, as in maximum; of 0.0 and -0.0, 0.0 (so that merges commute)
+def _top(ma: Any, mb: Any, xp: Any) -> Any:
+    """The larger of each pair: NaN wins, as in maximum; of 0.0 and -0.0, 0.0 (so that
+    merges commute)."""
     top = xp.maximum(ma, mb)
-    out[_MAX] = xp.where(top == 0, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
-    last, m2, ranks = carried
-    if last:
-        ta, tb = a[T], b[T]
-        take_b = (tb > ta) | ((tb == ta) & _greater(b[LAST], a[LAST], xp))
-        out[LAST] = xp.where(take_b, b[LAST], a[LAST])
-    if not m2:
-        return _ranks(a, b, out, xp) if ranks else out
-    wa, wb = a[W], b[W]
+    return xp.where(top == 0, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
+
+
+def _last(ta: Any, tb: Any, la: Any, lb: Any, xp: Any) -> Any:
+    """The ``last`` value of the later time (equal times: the larger value, NaN wins)."""
+    return xp.where((tb > ta) | ((tb == ta) & _greater(lb, la, xp)), lb, la)
+
+
+def _m2(wa: Any, wb: Any, sa: Any, sb: Any, m2a: Any, m2b: Any, xp: Any) -> Any:
+    """Chan's parallel formula: ``M2`` of two sides from their weights and sums."""
     total = wa + wb
     both = (wa > 0) & (wb > 0)
-    delta = b[S] / xp.where(wb > 0, wb, 1.0) - a[S] / xp.where(wa > 0, wa, 1.0)
+    delta = sb / xp.where(wb > 0, wb, 1.0) - sa / xp.where(wa > 0, wa, 1.0)
     correction = xp.where(both, wa * wb / xp.where(total > 0, total, 1.0) * delta * delta, 0.0)
-    out[M2] = a[M2] + b[M2] + correction
-    return _ranks(a, b, out, xp) if ranks else out
+    return m2a + m2b + correction
+
+
+def _merge(a: Any, b: Any, xp: Any) -> Any:
+    out = a + b  # the SUM columns; every other column is overwritten below
+    out[_MAX] = _top(a[_MAX], b[_MAX], xp)
+    out[LAST] = _last(a[T], b[T], a[LAST], b[LAST], xp)
+    out[M2] = _m2(a[W], b[W], a[S], b[S], a[M2], b[M2], xp)
+    return _ranks(a, b, out, xp)
 
 
 def _ranks(a: Any, b: Any, out: Any, xp: Any) -> Any:
@@ -232,4 +242,55 @@ def _ranks(a: Any, b: Any, out: Any, xp: Any) -> Any:
         return out  # no ranks on either side (no argrank metric): NaN + NaN, as they are
     out[MAXRANK] = _rank_of(a[MAX], b[MAX], a[MAXRANK], b[MAXRANK], xp)
     out[MINRANK] = _rank_of(a[NEGMIN], b[NEGMIN], a[MINRANK], b[MINRANK], xp)
+    return out
+
+
+class Packed:
+    """States packed by column: for each column ``c``, the values of positions
+    ``carried[c]`` (sorted), column after column; the offsets of each column and,
+    for the rules that read other columns, where those sit.
+
+    >>> p = Packed([np.array([0, 1]), np.array([1])] + [np.array([], dtype=int)] * 8)
+    >>> p.offsets.tolist()
+    [0, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3]
+    """
+
+    def __init__(self, carried: Sequence[np.ndarray]) -> None:
+        sizes = [len(c) for c in carried]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.intp)
+        off = self.offsets.tolist()
+        self.size = off[-1]
+
+        def at(col: int, of: int) -> np.ndarray:  # where column col holds the positions of of
+            return (off[col] + np.searchsorted(carried[col], carried[of])).astype(np.intp)
+
+        self.span = {c: slice(off[c], off[c + 1]) for c in range(len(carried))}
+        self.last_t = at(T, LAST) if sizes[LAST] else None
+        self.m2_ws = (at(W, M2), at(S, M2)) if sizes[M2] else None
+        self.rank_of = (at(MAX, MAXRANK), at(NEGMIN, MINRANK)) if sizes[MAXRANK] else None
+
+
+def merge_packed(rows: np.ndarray, packed: Packed) -> np.ndarray:
+    """Merge packed states (the rows of ``rows``, in order) into one packed state: bit
+    for bit the carried values :func:`merge` gives, folding the rows left to right,
+    with each rule evaluated only where a position carries its column."""
+    out = rows[0].copy()
+    span = packed.span
+    sums = slice(span[W].start, span[S].stop), span[DROP]  # the SUM columns: W, S, DROP
+    tops = slice(span[MAX].start, span[T].stop)  # the MAX columns: MAX, NEGMIN, T
+    with np.errstate(all="ignore"):  # NaN and inf samples are data here
+        for b in rows[1:]:
+            # the rules that read other columns first, while ``out`` holds the left side
+            if packed.rank_of is not None:
+                for col, at in zip((MAXRANK, MINRANK), packed.rank_of):
+                    out[span[col]] = _rank_of(out[at], b[at], out[span[col]], b[span[col]], np)
+            if packed.last_t is not None:
+                t, last = packed.last_t, span[LAST]
+                out[last] = _last(out[t], b[t], out[last], b[last], np)
+            if packed.m2_ws is not None:
+                (w, s), m2 = packed.m2_ws, span[M2]
+                out[m2] = _m2(out[w], b[w], out[s], b[s], out[m2], b[m2], np)
+            for part in sums:
+                out[part] += b[part]
+            out[tops] = _top(out[tops], b[tops], np)
     return out

@@ -8,7 +8,11 @@ and tied to the group object by a weak reference: a group re-created under
 the same name, as ``init_process_group`` after ``destroy_process_group``
 does, starts afresh), so a steady sync packs straight into it. When a rank holds a name the layout
 lacks, ranks exchange only those new entries (:func:`encode_entries`, bytes
-in ``uint8`` tensors, no pickle) and extend the layout with them.
+in ``uint8`` tensors, no pickle) and extend the layout with them
+(:meth:`Layout.extended`): the new names are inserted into the sorted lists,
+and the fingerprint chains the agreed one with the additions, so every rank,
+extending the same layout by the same additions, agrees without re-encoding
+every name.
 
 Entries travel as one UTF-8 block: the distinct spec texts, then the names,
 then a spec index per name, so a layout of 10,000 names parses a handful of
@@ -22,6 +26,7 @@ specs, not 10,000.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import threading
@@ -81,11 +86,15 @@ class Layout:
         self.entries = sorted(list(entries), key=_name_of)  # a list first: far faster to sort
         self.names = [name for name, _ in self.entries]
         self.specs = [spec for _, spec in self.entries]
-        self.index = {name: i for i, name in enumerate(self.names)}
-        self._plan: Plan | None = None
         digest = hashlib.blake2b(encode_entries(self.entries), digest_size=8).digest()
         self.fingerprint = int.from_bytes(digest, "little") & _MASK62
-        ids, kinds = al.spec_kinds(self.specs)  # per distinct spec once, then spread
+        self._derive(*al.spec_kinds(self.specs))
+
+    def _derive(self, ids: np.ndarray, kinds: list[Spec]) -> None:
+        """Everything else, per distinct spec once, then spread with ``ids``."""
+        self.kinds = (ids, kinds)
+        self.index = dict(zip(self.names, range(len(self.names))))
+        self._plan: Plan | None = None
         exact = np.array([s.across == "exact" for s in kinds], dtype=bool)[ids]
         self.exact = exact
         self.across = np.flatnonzero(~exact)
@@ -108,9 +117,7 @@ class Layout:
         self.data_size = int(carried.sum()) + 4 * sum(self.agg_rows)  # float64 words
         self.blank = al.identity(k).reshape(-1)  # a raveled state holding no samples
         self.blank.flags.writeable = False
-        # whether any position carries LAST, M2 and the ranks (see al.merge)
-        last, m2, ranks = (len(self.carried[c]) > 0 for c in (al.LAST, al.M2, al.MAXRANK))
-        self.rules = (last, m2, ranks)
+        self.packed = al.Packed(self.carried)  # what al.merge_packed reads of the packing
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -119,7 +126,7 @@ class Layout:
     def plan(self) -> Plan:
         """The output keys of this layout's metrics (built once)."""
         if self._plan is None:
-            self._plan = Plan(self.names, self.specs)
+            self._plan = Plan(self.names, self.specs, self.kinds)
         return self._plan
 
     def covers(self, names: list[str], specs: list[Spec]) -> bool:
@@ -132,13 +139,54 @@ class Layout:
         return True
 
     def extended(self, additions: Iterable[tuple[str, Spec]]) -> Layout:
-        """This layout with ``additions`` (new names, or names whose spec they replace)."""
-        additions = list(additions)
-        if any(name in self.index for name, _ in additions):  # a spec replaced
+        """This layout with ``additions`` (new names, or names whose spec they replace).
+
+        New names are inserted into the sorted lists, and the fingerprint chains this
+        one's with the additions' (every rank extends the same layout by the same
+        additions, so they agree); a replaced spec rebuilds the layout.
+        """
+        index, specs = self.index, self.specs
+        additions = [
+            (name, spec)
+            for name, spec in sorted(additions, key=_name_of)
+            if name not in index or specs[index[name]] != spec
+        ]
+        if not additions:
+            return self
+        if any(name in index for name, _ in additions):  # a spec replaced
             merged = dict(self.entries)
             merged.update(additions)
             return Layout(list(merged.items()))
-        return Layout(self.entries + additions)  # sorted, then a short sorted tail: cheap
+        digest = hashlib.blake2b(
+            self.fingerprint.to_bytes(8, "little") + encode_entries(additions), digest_size=8
+        ).digest()
+        out = Layout.__new__(Layout)
+        out.fingerprint = int.from_bytes(digest, "little") & _MASK62
+        at = [bisect.bisect_left(self.names, name) for name, _ in additions]
+        out.entries = _inserted(self.entries, at, additions)
+        out.names = _inserted(self.names, at, [name for name, _ in additions])
+        out.specs = _inserted(self.specs, at, [spec for _, spec in additions])
+        ids, kinds = self.kinds
+        kinds = list(kinds)
+        new_ids = []
+        for _, spec in additions:
+            if spec not in kinds:
+                kinds.append(spec)
+            new_ids.append(kinds.index(spec))
+        out._derive(np.insert(ids, at, new_ids).astype(np.intp), kinds)
+        return out
+
+
+def _inserted(items: list[Any], at: list[int], new: list[Any]) -> list[Any]:
+    """``items`` with ``new[j]`` inserted before ``items[at[j]]`` (``at`` ascending)."""
+    out: list[Any] = []
+    start = 0
+    for i, item in zip(at, new):
+        out += items[start:i]
+        out.append(item)
+        start = i
+    out += items[start:]
+    return out
 
 
 EMPTY = Layout([])

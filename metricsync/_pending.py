@@ -216,7 +216,10 @@ class HostPending:
         slots, stamped = self._order_of(index)
         if consume:  # swap out the buffers holding numbers first, then read them
             names = list(self.fast)
-            busy = [i for i, buf in enumerate(bufs) if buf]
+            busy: list[int] = []
+            if any(bufs):  # a C loop: the buffers may all be empty
+                sizes = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
+                busy = np.flatnonzero(sizes).tolist()
             self.fast.update({names[i]: _new_buffer(bufs[i]) for i in busy})
             taken = [bufs[i] for i in busy]
             stamps = [buf.stamp if buf.__class__ is StampedBuffer else now for buf in taken]

@@ -26,6 +26,8 @@ the global minimum and maximum every rank now knows.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 from . import _algebra as al
@@ -53,9 +55,9 @@ HEADER = 8  #: int64 words ahead of a rank's data: see :mod:`metricsync._sync`
 
 def positions(table: StateTable, layout: Layout) -> np.ndarray:
     """For each layout position, the table's slot (``len(table)`` where it has none)."""
-    n = len(table)
-    index = table.index
-    return np.array([index.get(name, n) for name in layout.names], dtype=np.intp)
+    n, names = len(table), layout.names
+    found = map(table.index.get, names, repeat(n, len(names)))  # C loops, no Python per name
+    return np.fromiter(found, dtype=np.intp, count=len(names))
 
 
 def pack_index(n: int, layout: Layout, where: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -107,13 +109,9 @@ _NO_SAMPLES = identity(1)
 def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:
     """Merge every rank's packed vector (rows of ``gathered``, rank order) into a table."""
     world, k, carried = len(gathered), len(layout), len(layout.unpack_at)
-    flat = np.empty((world, len(layout.blank)))
-    flat[:] = layout.blank
-    flat[:, layout.unpack_at] = gathered[:, :carried]
-    states = flat.reshape(world, al.NCOL_ALL, k)
-    state = states[0]
-    for other in states[1:]:
-        state = al.merge(state, other, np, layout.rules)
+    flat = layout.blank.copy()
+    flat[layout.unpack_at] = al.merge_packed(gathered[:, :carried], layout.packed)
+    state = flat.reshape(al.NCOL_ALL, k)
     aggs = gathered[0, carried:].reshape(-1, ACOL)
     if len(layout.across) and world > 1:
         first = np.repeat(layout.first, layout.agg_rows)

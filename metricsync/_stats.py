@@ -66,22 +66,37 @@ def _shape(spec: Spec) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[in
 class Plan:
     """Every output key of ``(names, specs)`` with its slot and statistic code."""
 
-    def __init__(self, names: Sequence[str], specs: Sequence[Spec]) -> None:
-        shapes = {spec: _shape(spec) for spec in {id(s): s for s in specs}.values()}
-        per = [shapes[spec] for spec in specs]
-        self.keys = [name + sfx for name, shape in zip(names, per) for sfx in shape[0]]
-        counts = [len(shape[0]) for shape in per]
-        self.codes = np.array([c for shape in per for c in shape[1]], dtype=np.intp)
-        self.slots = np.repeat(np.arange(len(counts), dtype=np.intp), counts)
+    def __init__(
+        self,
+        names: Sequence[str],
+        specs: Sequence[Spec],
+        kinds: tuple[np.ndarray, list[Spec]] | None = None,
+    ) -> None:
+        ids, distinct = al.spec_kinds(specs) if kinds is None else kinds  # per distinct spec
+        shapes = [_shape(spec) for spec in distinct]
+        counts = np.array([len(shape[0]) for shape in shapes], dtype=np.intp)[ids]
+        suffixes = [shape[0] for shape in shapes]
+        if all(sfx == ("",) for sfx in suffixes):  # one key per name: the name
+            self.keys = list(names)
+        else:
+            self.keys = [name + sfx for name, i in zip(names, ids.tolist()) for sfx in suffixes[i]]
+        self.slots = np.repeat(np.arange(len(ids), dtype=np.intp), counts)
         self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
-        self.across: list[int] = [i for i, spec in enumerate(specs) if spec.across != "exact"]
+        width = max((len(shape[1]) for shape in shapes), default=0)
+        table = np.zeros((len(shapes), width), dtype=np.intp)  # each spec's codes, padded
+        for i, shape in enumerate(shapes):
+            table[i, : len(shape[1])] = shape[1]
+        kind = ids[self.slots]
+        self.codes = table[kind, np.arange(len(kind)) - self.starts[self.slots]]
+        across = np.array([spec.across != "exact" for spec in distinct], dtype=bool)
+        self.across: list[int] = np.flatnonzero(across[ids]).tolist() if len(ids) else []
+        quantiled = np.array([bool(shape[2]) for shape in shapes], dtype=bool)
         self.quantiles: dict[int, list[tuple[int, float]]] = {
-            slot: [(int(self.starts[slot]) + i, q) for i, q in shape[2]]
-            for slot, shape in enumerate(per)
-            if shape[2]
+            slot: [(int(self.starts[slot]) + i, q) for i, q in shapes[ids[slot]][2]]
+            for slot in (np.flatnonzero(quantiled[ids]).tolist() if len(ids) else [])
         }  # slot -> (key position, q)
         self.n = len(names)
-        self.ddof = np.array([spec.ddof for spec in specs], dtype=np.float64)
+        self.ddof = np.array([spec.ddof for spec in distinct], dtype=np.float64)[ids]
         # what local_values and compute need of the codes, worked out once per plan
         codes = self.codes
         self.plain = np.where(codes >= 0, np.minimum(codes, len(_PLAIN) - 1), 0)

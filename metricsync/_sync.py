@@ -11,10 +11,12 @@ outside it, the window grows to the global extremes and a second gather sends
 the cells again.
 
 When a rank holds a name the agreed layout lacks it says so in its header,
-with the size of its new entries encoded; then every rank sends only those
-entries (one gather of bytes, no pickle), the layout grows by them, and the
-state gather runs again: three collectives, and the next sync is steady
-again. A name with different specs on two ranks (or declared differently by
+with the size of its new entries encoded, and sends those entries (bytes, no
+pickle) in place of its state, which cannot be packed in that layout. When
+every rank's new entries fit in the room a state takes, that one gather
+carried them; else every rank sends them in a gather of bytes. The layout
+grows by them and the state gather runs again: two collectives (three when
+the entries did not fit), and the next sync is steady again. A name with different specs on two ranks (or declared differently by
 a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
 device data raises on every rank too.
 
@@ -34,6 +36,7 @@ collective already ran).
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -182,8 +185,10 @@ def _agree_and_merge(
         bits = np.packbits(np.concatenate([placed.held, declared]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
         size = layout.data_size + sum(w.hi - w.lo + 2 for w in agreed)
-        if flags & (_RELAYOUT | _DEVICE_ERROR | _CONFLICT):  # no state to send
-            data = np.zeros(size)
+        if flags & (_RELAYOUT | _DEVICE_ERROR | _CONFLICT):  # no state to send: the new
+            data = np.zeros(size)  # entries instead, where they fit (see _inline_entries)
+            if len(blob) <= 8 * size:
+                data.view(np.uint8)[: len(blob)] = np.frombuffer(blob, dtype=np.uint8)
         else:
             data = np.concatenate(
                 [
@@ -216,10 +221,15 @@ def _agree_and_merge(
             clashes = np.flatnonzero(masks[:, k:].any(0) & masks[:, :k].any(0))
             if len(clashes):
                 _raise_conflict(rules, table, layout, int(clashes[0]))
-        if every & _RELAYOUT:
-            layout = _extend(comm, blob, heads[:, 7].tolist(), layout, world)
-            continue
         body = gathered[:, HEADER + nbits :]
+        if every & _RELAYOUT:
+            sizes = heads[:, 7].tolist()
+            if max(sizes) <= 8 * size:  # every rank's new entries rode in this gather
+                blobs = np.ascontiguousarray(body).view(np.uint8)
+            else:
+                blobs = _gather_entries(comm, blob, sizes, world)
+            layout = _extend(blobs, sizes, layout)
+            continue
         merged = merge_ranks(layout, body[:, : layout.data_size])
         if every & _WINDOW:  # some samples fell outside the agreed cells: widen, send again
             agreed = widened(layout, agreed, merged)
@@ -265,11 +275,11 @@ def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placemen
     where = positions(table, layout)
     n = len(table)
     mine = where < n
-    specs = table.specs
-    held = np.array(  # specs are canonical: the same object, or (rarely) an equal one
-        [w < n and (specs[w] is s or specs[w] == s) for w, s in zip(where.tolist(), layout.specs)],
-        dtype=bool,
-    )
+    # specs are canonical: the same object (C loops), or rarely an equal one (checked)
+    at = list(map([*table.specs, None].__getitem__, where.tolist()))
+    held = np.fromiter(map(operator.is_, at, layout.specs), dtype=bool, count=len(at))
+    for i in np.flatnonzero(mine & ~held).tolist():
+        held[i] = at[i] == layout.specs[i]
     covered = int(mine.sum()) == n and int(held.sum()) == n
     if len(state.placed) >= 8:
         state.placed.pop(next(iter(state.placed)))
@@ -318,12 +328,17 @@ def _new_entries(table: StateTable, placed: Placement) -> list[tuple[str, Spec]]
     return [(names[i], specs[i]) for i in np.flatnonzero(~known).tolist()]
 
 
-def _extend(comm: Comm, blob: bytes, sizes: list[int], layout: Layout, world: int) -> Layout:
-    """The layout grown by every rank's entries it lacks (``blob``: this rank's, encoded;
-    ``sizes``: every rank's, from the headers): one gather of bytes."""
+def _gather_entries(comm: Comm, blob: bytes, sizes: list[int], world: int) -> np.ndarray:
+    """Every rank's encoded new entries (``blob``: this rank's; ``sizes``: every rank's,
+    from the headers) when some did not fit in the state gather: one gather of bytes."""
     padded = np.zeros(max(sizes), dtype=np.uint8)
     padded[: len(blob)] = np.frombuffer(blob, dtype=np.uint8)
-    blobs = comm.all_gather(padded, world, "the layout gather")
+    return comm.all_gather(padded, world, "the layout gather")
+
+
+def _extend(blobs: np.ndarray, sizes: list[int], layout: Layout) -> Layout:
+    """The layout grown by every rank's entries it lacks (row ``r`` of ``blobs``: rank
+    ``r``'s, encoded, ``sizes[r]`` bytes long)."""
     additions: dict[str, Any] = {}
     for rank, (row, size) in enumerate(zip(blobs, sizes)):
         if not size:  # a rank whose entries the layout holds sends none

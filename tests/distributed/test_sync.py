@@ -346,3 +346,39 @@ def test_gloo_gathers_by_all_to_all_up_to_a_group_size_then_by_ring() -> None:
         assert sum(ring_calls.values()) == 1 and "all_to_all_single" not in ring_calls
         assert exchanged == ringed
         assert exchanged["loss"] == 1.5 and exchanged["q/max"] == 18.0
+
+
+def _relayout_collectives(rank: int, world: int) -> list[tuple[int, dict[str, float]]]:
+    from metricsync.testing import count_collectives
+
+    m = ms.Metrics()
+    for i in range(20):
+        m.record(f"base/{i:02d}", float(i + rank))
+    m.sync()  # agrees the layout
+    out = []
+    if rank == 1:  # one new name: its entry fits in the room of a state
+        m.record("new/small", 5.0)
+    with count_collectives() as seen:
+        got = m.sync().compute()
+    out.append((seen.total, got))
+    if rank == 1:  # long new names that do not fit: a gather of their own
+        for i in range(50):
+            m.record(f"new/{'x' * 100}{i:03d}", float(i))
+    with count_collectives() as seen:
+        got = m.sync().compute()
+    out.append((seen.total, got))
+    with count_collectives() as seen:
+        got = m.sync().compute()
+    out.append((seen.total, got))
+    return out
+
+
+def test_new_names_ride_in_the_state_gather_when_they_fit() -> None:
+    world = 3
+    results = run_distributed(_relayout_collectives, world)
+    for (small_calls, small), (big_calls, big), (steady_calls, steady) in results:
+        assert (small_calls, big_calls, steady_calls) == (2, 3, 1)
+        base = {f"base/{i:02d}": i + (world - 1) / 2 for i in range(20)}
+        assert small == base | {"new/small": 5.0}
+        assert big == steady == small | {f"new/{'x' * 100}{i:03d}": float(i) for i in range(50)}
+    assert all(r == results[0] for r in results)

@@ -1,0 +1,73 @@
+"""An extended layout inserts new names into the agreed one: the oracle is the layout
+built from scratch on the union of the entries."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import metricsync as ms
+from metricsync._layout import Layout
+
+SPECS = [
+    ms.Spec("mean"),
+    ms.Spec(("max", "min")),
+    ms.Spec(("mean", "p50", "p99")),
+    ms.Spec(("mean", "std"), nan="ignore"),
+    ms.Spec("max", argrank=True),
+    ms.Spec(("mean", "last"), across="first"),
+    ms.Spec("sum", across="mean"),
+]
+NAMES = st.text(alphabet="abcXY/_é0", min_size=1, max_size=6)
+
+
+def _same(a: Layout, b: Layout) -> None:
+    assert a.entries == b.entries and a.names == b.names and a.specs == b.specs
+    assert a.index == b.index
+    for x, y in [
+        (a.exact, b.exact),
+        (a.across, b.across),
+        (a.first, b.first),
+        (a.sketch_at, b.sketch_at),
+        (a.unpack_at, b.unpack_at),
+        (a.blank, b.blank),
+        (a.packed.offsets, b.packed.offsets),
+        *zip(a.carried, b.carried),
+    ]:
+        assert np.array_equal(x, y, equal_nan=True)
+    assert a.agg_rows == b.agg_rows and a.sketch == b.sketch and a.sketched == b.sketched
+    assert a.sketch_entries == b.sketch_entries and a.data_size == b.data_size
+    assert [a.kinds[1][i] for i in a.kinds[0]] == a.specs
+    pa, pb = a.plan, b.plan
+    assert pa.keys == pb.keys and pa.across == pb.across and pa.quantiles == pb.quantiles
+    for x, y in [(pa.codes, pb.codes), (pa.slots, pb.slots), (pa.ddof, pb.ddof)]:
+        assert np.array_equal(x, y, equal_nan=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=12),
+    st.lists(st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=5), max_size=3),
+)
+def test_extending_equals_building_the_union(
+    start: dict[str, ms.Spec], steps: list[dict[str, ms.Spec]]
+) -> None:
+    layout = Layout(start.items())
+    union = dict(start)
+    for step in steps:
+        before = layout.fingerprint
+        changed = any(union.get(name) != spec for name, spec in step.items())
+        layout = layout.extended(step.items())
+        union.update(step)
+        _same(layout, Layout(union.items()))
+        assert (layout.fingerprint != before) == changed
+
+
+def test_every_rank_extending_alike_agrees_on_the_fingerprint() -> None:
+    base = [(f"m{i}", SPECS[i % len(SPECS)]) for i in range(50)]
+    one = Layout(base).extended([("zz", SPECS[0]), ("aa", SPECS[2])])
+    two = Layout(reversed(base)).extended([("aa", SPECS[2]), ("zz", SPECS[0])])
+    assert one.fingerprint == two.fingerprint
+    other = Layout(base).extended([("zz", SPECS[1]), ("aa", SPECS[2])])
+    assert other.fingerprint != one.fingerprint
