@@ -109,8 +109,9 @@ W, S, MAX, NEGMIN, T, LAST, M2, DROP, MAXRANK, MINRANK = range(len(COLUMNS))
 NCOL = 8  #: persisted columns (the binary format's state rows)
 NCOL_ALL = len(COLUMNS)
 IDENTITY = np.array([c.identity for c in COLUMNS])
-_SUM = [i for i, c in enumerate(COLUMNS) if c.op is Op.SUM]
-_MAX = [i for i, c in enumerate(COLUMNS) if c.op is Op.MAX]
+#: the MAX columns (MAX, NEGMIN, T) are adjacent: a slice views them, where an index list
+#: would be copied to the device first (a host synchronization on CUDA)
+_MAX = slice(MAX, T + 1)
 
 _last_stamp = 0
 

@@ -128,7 +128,7 @@ class DeviceState:
             self._merge(self._fold_batch(x.reshape(-1), w, [(row, 0, n, kind, now)]))
             return
         if self._used + n > self._capacity or self._vals is None:
-            self.commit()
+            self.commit(room=n)
         assert self._vals is not None
         start, self._used = self._used, self._used + n
         with torch.no_grad():  # a copy from a tensor that requires grad records nothing
@@ -154,14 +154,17 @@ class DeviceState:
 
     # ---------------------------------------------------------------- folding
 
-    def commit(self) -> None:
-        """Fold the pending records into the accumulated state; size the buffer for what comes."""
+    def commit(self, room: int = 0) -> None:
+        """Fold the pending records into the accumulated state; size the buffer for what
+        comes (at least ``room`` elements, at most ``_LIMIT``)."""
         if self._records:
             assert self._vals is not None
             w = self._wts[: self._used] if self._wts is not None else None
             self._merge(self._fold_batch(self._vals[: self._used], w, self._records))
             grow = self._used > self._capacity // 2 and self._capacity < _LIMIT
             self._capacity = min(2 * self._capacity, _LIMIT) if grow else self._capacity
+        while self._capacity < room:  # a record larger than the buffer: doubled to fit
+            self._capacity *= 2
         if self._vals is None or self._vals.numel() != self._capacity:
             self._vals = torch.empty(self._capacity, dtype=_F64, device=self.device)
             self._wts = None
@@ -210,7 +213,7 @@ class DeviceState:
         t = torch.from_numpy(array)
         if self.device.type == "cuda":
             return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+        return t.to(self.device, non_blocking=self.device.type == "meta")  # meta: no data
 
     def _fold_batch(
         self,

@@ -75,7 +75,8 @@ def fold_batch(
     accs = sorted({sketch_of[row][0] for row in rows_here if row in sketch_of})
     sketch_maps = [np.full(n_rows, -1.0) for _ in accs]
     for row, (acc, index) in sketch_of.items():
-        sketch_maps[accs.index(acc)][row] = index
+        if acc in accs:  # rows of other accuracies have no records in this batch
+            sketch_maps[accs.index(acc)][row] = index
     policies = np.array([_POLICY[s.nan] for s in specs])
     host = np.concatenate([rec[0], rec[2], rec[3], rec[4], policies, al.IDENTITY, *sketch_maps])
     meta = upload(host)
