@@ -7,7 +7,9 @@ fails the call; a rank that hangs past ``timeout`` is killed. Teardown always
 happens.
 
 :func:`count_device_ops` counts the aten ops that code dispatches on the
-tensors of one device (the ``meta`` device by default), and
+tensors of one device (the ``meta`` device by default),
+:func:`count_blocking_uploads` the calls that copy host data to that device
+and make the host wait (each a stream synchronization on CUDA), and
 :func:`count_collectives` the ``torch.distributed`` collectives it calls and
 the bytes it hands them: counts and sizes, which tests can assert on a noisy
 machine where timings cannot be.
@@ -32,9 +34,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ._opcount import count_blocking_uploads, count_device_ops
+
 __all__ = [
     "CollectiveCounts",
     "RankFailure",
+    "count_blocking_uploads",
     "count_collectives",
     "count_device_ops",
     "format_example",
@@ -160,71 +165,6 @@ def run_distributed(
         if failures:
             raise AssertionError("\n".join(failures))
     return out
-
-
-@contextlib.contextmanager
-def count_device_ops(device: Any = "meta") -> Iterator[collections.Counter[str]]:
-    """Count the aten ops dispatched inside the block on tensors of ``device``, by op name.
-
-    Yields a ``collections.Counter`` that fills as the block runs:
-    ``"aten.add"`` -> number of dispatches (``ops.total()`` is the sum). An op
-    counts when one of its tensor inputs or outputs lives on ``device``
-    (``"cuda"`` matches every CUDA device, ``"cuda:1"`` only that one), so
-    factory ops such as ``aten.full(..., device=device)`` count and host-side
-    work on CPU tensors does not (unless ``device="cpu"``). It is built on
-    ``torch.utils._python_dispatch.TorchDispatchMode``, so it sees the ops
-    below autograd: a ``detach`` is one op, a Python-level ``torch.stack`` of
-    views is each view plus the stack.
-
-    On a GPU each counted op is (at least) one kernel launch, which costs
-    several microseconds of CPU time however small the tensor. On the
-    ``meta`` device ops only compute shapes, so counting there measures what
-    code would launch without needing a GPU. The ``meta`` device holds no
-    data: any read of it (``.item()``, ``.tolist()``, ``.cpu()``,
-    ``.numpy()``, ``float(t)``, a ``bool`` of a comparison) raises, so code
-    that completes on ``meta`` tensors provably never read the device.
-
-    >>> import torch
-    >>> x = torch.ones(4, 256, device="meta")
-    >>> with count_device_ops() as ops:
-    ...     y = (x * 2.0).sum()
-    >>> dict(ops), ops.total()
-    ({'aten.mul': 1, 'aten.sum': 1}, 2)
-    >>> with count_device_ops():
-    ...     y.item()
-    Traceback (most recent call last):
-    ...
-    RuntimeError: Tensor.item() cannot be called on meta tensors
-    """
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    want = torch.device(device)
-    counts: collections.Counter[str] = collections.Counter()
-
-    def on_device(obj: object) -> bool:
-        if not isinstance(obj, torch.Tensor):
-            return False
-        got = obj.device
-        return got.type == want.type and (want.index is None or got.index == want.index)
-
-    class _Counter(TorchDispatchMode):
-        def __torch_dispatch__(
-            self,
-            func: Any,
-            types: Any,
-            args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None,
-        ) -> Any:
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            if any(on_device(leaf) for leaf in tree_leaves((args, kwargs, out))):
-                counts[str(func.overloadpacket)] += 1
-            return out
-
-    with _Counter():
-        yield counts
 
 
 # function name -> (position, keyword) of what this rank contributes; None: nothing

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import metricsync as ms  # noqa: E402
-from metricsync.testing import count_device_ops  # noqa: E402
+from metricsync.testing import count_blocking_uploads, count_device_ops  # noqa: E402
 
 META = torch.device("meta")
 REPEATS = 50  # records counted per path; the per-record figure is the mean (folds amortized)
@@ -67,6 +67,46 @@ def test_any_read_of_the_meta_device_raises(read: Callable[[Any], object]) -> No
     # the oracle the no-read test below relies on
     with count_device_ops(), pytest.raises((RuntimeError, NotImplementedError, TypeError)):
         read(torch.ones((), device=META))
+
+
+def test_blocking_upload_counter_against_uploads_written_out_by_hand() -> None:
+    # each of these copies host memory to the device and waits for it on CUDA
+    import numpy as np
+
+    x = torch.zeros(10, 5, device=META)
+    host = torch.ones(5)
+    with count_blocking_uploads() as uploads:
+        x[[1, 2]]
+        x[np.array([1, 2]), 0]
+        x[torch.tensor([0, 3])]
+        x[0] = host
+        x[0].copy_(host)
+        torch.tensor([1.0, 2.0], device=META)
+        torch.as_tensor(np.ones(3), device=META)
+        host.to(META)
+        host.to(device=META)
+    assert dict(uploads) == {
+        "Tensor.__getitem__": 3,
+        "Tensor.__setitem__": 1,
+        "Tensor.copy_": 1,
+        "torch.tensor": 1,
+        "torch.as_tensor": 1,
+        "Tensor.to": 2,
+    }
+    # and none of these does: views, device-side indices, 0-d host scalars, non-blocking
+    # copies, and host-only work
+    index = torch.tensor([0, 3], device=META)
+    with count_blocking_uploads() as none:
+        x[1:3, 0]
+        x[index]
+        x[0] = torch.tensor(2.0)
+        torch.where(x > 0, x, torch.tensor(1.0))
+        host.to(META, non_blocking=True)
+        x[0].copy_(host, non_blocking=True)
+        torch.full((3,), 1.0, device=META)
+        host[[0, 1]]
+        host.to(torch.float64)
+    assert dict(none) == {}
 
 
 # --- what record() dispatches ------------------------------------------------
