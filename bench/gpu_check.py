@@ -5,7 +5,11 @@ Run: .venv/bin/python bench/gpu_check.py
 1. Recording CUDA tensors (scalars, masked per-token tensors, weighted tensors,
    quantile metrics, ``nan="error"`` checks) under
    ``torch.cuda.set_sync_debug_mode("error")``: any host synchronization raises.
-2. ``compute()`` agrees with torch over the same data.
+2. ``compute()`` agrees with torch over the same data, and with the same
+   records made from CPU copies of the tensors, for every statistic (weights,
+   masks, NaN policies, quantiles, ``across``, thousands of records of one
+   name); invalid device data (NaN under ``nan="error"``, a negative weight)
+   raises from ``compute()``, naming the metric.
 3. Time per record of a 0-d CUDA tensor against the ``.item()`` pattern it
    replaces.
 4. Per recording path of a CUDA tensor (0-d, masked mean, masked
@@ -17,6 +21,13 @@ Run: .venv/bin/python bench/gpu_check.py
    median of repeats).
 5. ``sync()`` over a one-rank NCCL group on 127.0.0.1 (packing on the device),
    checked against ``compute()``, and its time for 1,000 metrics.
+6. ``bench/step.py``'s RL-shaped step with its tensors on CUDA, on that one
+   NCCL rank: metricsync against the hand-rolled verl code (``.item()`` per
+   tensor, ``all_gather_object``, numpy), interleaved, median of the per-step
+   ratios; checked against each other first. Twice: on tensors already
+   computed, and with GPU work queued ahead of each micro-batch's records
+   (a bf16 matrix product chain, as a training step leaves in the stream),
+   which each ``.item()`` must wait for and a record does not.
 
 Without CUDA it prints the op counts of step 4 on the meta device (the same
 counts, no GPU needed) and exits 0. The whole check takes well under two
@@ -129,6 +140,152 @@ def timings(device: Any) -> dict[str, tuple[float, float]]:
     return out
 
 
+class _Busy(list):  # type: ignore[type-arg]
+    """Micro-batches that queue GPU work ahead of each one as the step iterates them."""
+
+    def __init__(self, items: list[Any], work: Callable[[], object]) -> None:
+        super().__init__(items)
+        self.work = work
+
+    def __iter__(self) -> Any:
+        for item in super().__iter__():
+            self.work()
+            yield item
+
+
+def rl_step(
+    steps: int = 30, device: str = "cuda", size: int = 4096
+) -> dict[str, tuple[float, float, float]]:
+    """Section 6: median ms per step of each side, and the median ratio, per variant
+    (``device`` and ``size``, the matrices' side, let it be tried without a GPU)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import step as rl  # bench/step.py
+
+    data = rl.make_data(0, 8)
+    for mb in data["mbs"]:
+        mb["scalars"] = [(n, t.to(device)) for n, t in mb["scalars"]]
+        mb["tokens"] = [(n, t.to(device)) for n, t in mb["tokens"]]
+        mb["mask"], mb["resp_len"] = mb["mask"].to(device), mb["resp_len"].to(device)
+    metrics = ms.Metrics(rl.SPECS)
+    scratch: dict[str, float] = {}
+    ours, theirs = rl.metricsync_step(metrics, data, scratch), rl.hand_rolled_step(data, scratch)
+    assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))
+    masks = [mb["mask"] for mb in data["mbs"]]
+    den = sum(float(m.sum()) for m in masks)
+    for i, name in enumerate(rl.TOKEN_NAMES):  # token means: against the true global one
+        key = name if name != "critic/advantages" else f"{name}/mean"
+        num = sum(float(mb["tokens"][i][1].double()[m].sum()) for mb, m in zip(data["mbs"], masks))
+        assert abs(ours[key] - num / den) <= 1e-6 * abs(num / den), (key, ours[key], num / den)
+        theirs.pop(key)  # verl's are means of micro-batch means
+    for key, want in theirs.items():
+        if not key.endswith(("/p50", "/p99")):
+            assert abs(ours[key] - float(want)) <= 1e-9 * max(1.0, abs(float(want))), (
+                key,
+                ours[key],
+                want,
+            )
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def work() -> None:
+        for _ in range(4):  # about 0.7 ms of matrix products on an H200
+            a @ a
+
+    out = {}
+    for variant, mbs in (
+        ("tensors ready", list(data["mbs"])),
+        ("GPU work queued", _Busy(data["mbs"], work)),
+    ):
+        data["mbs"] = mbs
+        sides = {
+            "ours": lambda: rl.metricsync_step(metrics, data, scratch),
+            "theirs": lambda: rl.hand_rolled_step(data, scratch),
+        }
+        times: dict[str, list[float]] = {"ours": [], "theirs": []}
+        for i in range(steps + 2):
+            for side in ("ours", "theirs")[:: 1 if i % 2 == 0 else -1]:
+                sync()
+                start = time.perf_counter()
+                sides[side]()
+                sync()
+                if i >= 2:
+                    times[side].append(time.perf_counter() - start)
+        ratio = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"]))
+        out[variant] = (
+            statistics.median(times["ours"]) * 1e3,
+            statistics.median(times["theirs"]) * 1e3,
+            ratio,
+        )
+    return out
+
+
+DIFF_SPECS = {
+    "s": ms.Spec(("mean", "sum", "count", "min", "max", "last")),
+    "v": ms.Spec(("std", "var"), ddof=1),
+    "q": ms.Spec(("p0", "p50", "p99", "p100")),
+    "qn": ms.Spec(("mean", "p90"), nan="ignore"),
+    "a": ms.Spec("sum", across="mean"),
+}
+
+
+def cuda_matches_cpu(device: str = "cuda", records: int = 3000) -> int:
+    """The same records from ``device`` tensors and from their CPU copies compute alike;
+    returns the number of keys compared."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    sides = {"dev": ms.Metrics(DIFF_SPECS), "cpu": ms.Metrics(DIFF_SPECS)}
+    for i in range(records):
+        x = torch.randn(4, 64, generator=gen) * 10
+        mask = torch.rand(4, 64, generator=gen) > 0.4
+        w = torch.rand(4, 64, generator=gen)
+        nan_x = torch.where(torch.rand(4, 64, generator=gen) > 0.9, float("nan"), x)
+        lengths = torch.randint(1, 5000, (4,), generator=gen)
+        for where, m in sides.items():
+            move = (lambda t: t.to(device)) if where == "dev" else (lambda t: t)
+            m.record("s", move(x[0, 0]))  # 0-d: thousands of records of one name
+            m.record("v", move(x), mask=move(mask))
+            if i % 10 == 0:
+                m.record("q", move(lengths))
+                m.record("qn", move(nan_x), weight=move(w))
+                m.record("a", move(x[1]), weight=2.0)
+    got, want = sides["dev"].compute(), sides["cpu"].compute()
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    for key, value in want.items():
+        assert math.isclose(got[key], value, rel_tol=1e-12, abs_tol=1e-12), (key, got[key], value)
+    for spec, record, words in (
+        (
+            ms.Spec(nan="error"),
+            lambda m: m.record("bad", torch.tensor([1.0, float("nan")], device=device)),
+            "NaN",
+        ),
+        (
+            ms.Spec(),
+            lambda m: m.record(
+                "bad", torch.ones(2, device=device), weight=torch.tensor([1.0, -1.0], device=device)
+            ),
+            "negative",
+        ),
+    ):
+        m = ms.Metrics({"bad": spec})
+        recorded = False
+        try:
+            record(m)  # host data raises here; device data only from compute()
+            recorded = True
+            m.compute()
+        except ValueError as err:
+            assert "bad" in str(err) and (recorded or device == "cpu"), err
+        else:
+            raise AssertionError(f"no error for {words} device data")
+    return len(want)
+
+
 def main() -> int:
     import torch
 
@@ -172,6 +329,8 @@ def main() -> int:
         want_len,
     )
     print(f"2. compute() agrees with torch: ent={got['ent']:.6f} len/mean={got['len/mean']:.4f}")
+    keys = cuda_matches_cpu()
+    print(f"   and with the same records from CPU copies ({keys} keys); bad device data raises")
 
     scalar = x.mean()
     reps = 2000
@@ -223,6 +382,10 @@ def main() -> int:
         print(
             f"5. sync over NCCL matches compute(); 1,000 metrics: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms"
         )
+        print("6. the RL-shaped step (bench/step.py) on CUDA, one NCCL rank, medians of 30 steps:")
+        print(f"   {'variant':<18} {'metricsync':>11} {'hand-rolled':>12} {'ratio':>7}")
+        for variant, (ours_ms, theirs_ms, ratio) in rl_step().items():
+            print(f"   {variant:<18} {ours_ms:>8.2f} ms {theirs_ms:>9.2f} ms {ratio:>6.2f}x")
     finally:
         dist.destroy_process_group()
 
