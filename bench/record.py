@@ -380,6 +380,34 @@ def device_op_counts() -> dict[str, int]:
     return out
 
 
+def device_cpu_cost(repeats: int, records: int = 2_000) -> tuple[float, float]:
+    """Seconds per 0-d ``record()`` on the meta device against the two ops it dispatches
+    (a ``select`` and a ``copy_`` into a buffer): the CPU work metricsync adds around the
+    kernels, since a meta op launches nothing. Medians of interleaved repeats."""
+    meta = torch.device("meta")
+    scalars = [torch.zeros((), device=meta) for _ in range(60)]
+    buf = torch.empty(1 << 16, dtype=torch.float64, device=meta)
+    m = ms.Metrics({"s/*": ms.Spec("mean")})
+    names = [f"s/{i}" for i in range(60)]
+
+    def ours() -> dict[str, float]:
+        for _ in range(records // 60):
+            for name, x in zip(names, scalars):
+                m.record(name, x)
+        m.reset()  # a compute on meta would read the device; the records are what we time
+        return {}
+
+    def bare() -> dict[str, float]:
+        for _ in range(records // 60):
+            for i, x in enumerate(scalars):
+                buf.select(0, i).copy_(x)
+        return {}
+
+    ours_s, bare_s = interleaved_medians(Path("", "", ours, bare, 1, None, close()), repeats)
+    per = records // 60 * 60
+    return ours_s / per, bare_s / per
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="interleaved repeats (default 9)")
@@ -420,6 +448,11 @@ def main() -> None:
     print("(budgets: 0-d <= 2, masked mean <= 8, (mean, max, min) <= 12, quantile <= 12)")
     for label, count in device_op_counts().items():
         print(f"  {label:<42} {count:>4}")
+    ours, bare = device_cpu_cost(args.repeats)
+    print(
+        f"CPU per 0-d record() on meta: {fmt_time(ours)}, its two ops alone {fmt_time(bare)}"
+        f" ({ours / bare:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

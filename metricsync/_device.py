@@ -20,7 +20,8 @@ raises naming the metric.
 >>> import torch
 >>> from metricsync._spec import Spec
 >>> state = DeviceState(torch.device("meta"))
->>> state.add(0, Spec(), torch.ones(4, device="meta"), None, None, now=1.0)
+>>> row = state.add(0, Spec(), torch.ones(4, device="meta"), None, None, now=1.0)
+>>> state.pend(row, torch.zeros((), device="meta"), 2.0, None, now=2.0)  # a later record
 >>> state.has_records
 True
 """
@@ -113,13 +114,19 @@ class DeviceState:
 
     def add(
         self, slot: int, spec: Spec, x: torch.Tensor, weight: Any, mask: Any, now: float
-    ) -> None:
+    ) -> int:
         """Pend one record: ``weight`` a float, a tensor or None; ``mask`` a tensor or None.
 
         Both already on ``x``'s device and of checked shapes; ``x`` is non-empty.
+        Returns the slot's row here, for :meth:`pend` of its later records.
         """
-        n = x.numel()
         row = self.row(slot, spec)
+        self.pend(row, x, weight, mask, now)
+        return row
+
+    def pend(self, row: int, x: torch.Tensor, weight: Any, mask: Any, now: float) -> None:
+        """:meth:`add` for a row this state already has."""
+        n = x.numel()
         kind = (
             _PLAIN if weight is None and mask is None else _WEIGHT if weight is not None else _MASK
         )
@@ -131,21 +138,22 @@ class DeviceState:
             self.commit(room=n)
         assert self._vals is not None
         start, self._used = self._used, self._used + n
-        with torch.no_grad():  # a copy from a tensor that requires grad records nothing
+        if kind == _PLAIN and not x.requires_grad:  # the hot path: no grad mode to switch
             if x.dim() == 0:
-                self._vals[start].copy_(x)
+                self._vals.select(0, start).copy_(x)
             else:
-                self._vals[start : start + n].view(x.shape).copy_(x)
-            if kind != _PLAIN:
-                self._write_weights(start, x, weight, mask)
+                self._vals.narrow(0, start, n).view(x.shape).copy_(x)
+        else:
+            with torch.no_grad():  # a copy from a tensor that requires grad records nothing
+                self._vals.narrow(0, start, n).view(x.shape).copy_(x)
+                if kind != _PLAIN:
+                    self._write_weights(start, x, weight, mask)
         self._records.append((row, start, n, kind, now))
 
     def _write_weights(self, start: int, x: torch.Tensor, weight: Any, mask: Any) -> None:
         if self._wts is None:
             self._wts = torch.empty(self._capacity, dtype=_F64, device=self.device)
-        n = x.numel()
-        target = self._wts[start] if x.dim() == 0 else self._wts[start : start + n].view(x.shape)
-        _fill_weights(target, weight, mask)
+        _fill_weights(self._wts.narrow(0, start, x.numel()).view(x.shape), weight, mask)
 
     def _weights_of(self, x: torch.Tensor, weight: Any, mask: Any) -> torch.Tensor:
         w = torch.empty(x.shape, dtype=_F64, device=self.device)

@@ -14,7 +14,7 @@ the number of records or metrics.
 >>> from metricsync._device import DeviceState
 >>> from metricsync._spec import Spec
 >>> state = DeviceState(torch.device("cpu"))
->>> state.add(0, Spec(("mean", "max")), torch.tensor([1.0, 5.0]), None, None, now=1.0)
+>>> row = state.add(0, Spec(("mean", "max")), torch.tensor([1.0, 5.0]), None, None, now=1.0)
 >>> slots, cols, cells, bad = state.snapshot()
 >>> cols[[0, 1, 2], 0].tolist()
 [2.0, 6.0, 5.0]

@@ -155,7 +155,15 @@ class Metrics:
                             value = value.detach()
                         if self._store.add_masked(name, value, mask):
                             return
+                elif self._store.add_on_device(name, value, None, mask):
+                    return
             except (KeyError, TypeError, RuntimeError, ValueError):
+                pass
+        elif cls is _TENSOR[0] and name in self._store.lanes:  # weighted, on a device
+            try:
+                if self._store.add_on_device(name, value, weight, mask):
+                    return
+            except (TypeError, RuntimeError, ValueError):
                 pass
         elif cls is _NDARRAY and weight is None and mask is None and name in self._fast:
             if self._store.add_small(name, value):

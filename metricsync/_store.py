@@ -60,6 +60,7 @@ class Store:
         self.table = table if table is not None else StateTable()
         self.pending = HostPending()
         self.devices: dict[Any, Any] = {}  # torch.device -> DeviceState
+        self.lanes: dict[str, tuple[Any, Any, int]] = {}  # name -> (device, its state, row)
         self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
         self.lock = threading.RLock()
 
@@ -243,7 +244,24 @@ class Store:
             dev = self.devices.get(x.device)
             if dev is None:
                 dev = self.devices[x.device] = DeviceState(x.device)
-            dev.add(slot, spec, x, w, m, al.now_us())
+            row = dev.add(slot, spec, x, w, m, al.now_us())
+            self.lanes[name] = (x.device, dev, row)
+
+    def add_on_device(self, name: str, x: Any, weight: Any, mask: Any) -> bool:
+        """Pend an accelerator tensor (weight and mask as for record) for a name already
+        recorded on its device: the slot, spec and row that its first record resolved
+        are reused. False when the name has no such record (the general path takes the
+        tensor). Bad input raises as on the general path, before anything is pended."""
+        with self.lock:
+            lane = self.lanes.get(name)
+            if lane is None or x.device != lane[0]:
+                return False
+            check_tensor(name, x)
+            w = None if weight is None else device_weight(name, weight, x)
+            m = None if mask is None else device_mask(name, mask, x)
+            if x.numel():
+                lane[1].pend(lane[2], x, w, m, al.now_us())
+            return True
 
     # ---------------------------------------------------------------- folding
 
@@ -359,6 +377,7 @@ class Store:
         with self.lock:
             self.pending.clear()
             self.devices = {}
+            self.lanes = {}
             self.deferred = []
             self.table.reset()
 

@@ -300,6 +300,50 @@ def test_tensors_of_every_size_record_around_the_buffer_bounds() -> None:
     assert got["y/min"] == ys.min()
 
 
+@pytest.mark.usefixtures("deferred")
+def test_later_device_records_of_a_name_agree_with_numpy_and_check_their_input() -> None:
+    # A name's first device record resolves its slot and row; later ones reuse them.
+    rng = np.random.default_rng(3)
+    shapes: list[tuple[int, ...]] = [(), (), (4, 8), (), (5,), (4, 8)]
+    xs = [rng.normal(size=shape) for shape in shapes]
+    masks = [None, None, rng.random((4, 8)) < 0.5, None, None, rng.random((4, 8)) < 0.5]
+    m = ms.Metrics({"e": ms.Spec(("mean", "min", "max", "count", "last")), "w": ms.Spec("mean")})
+    kept = []
+    for x, mask in zip(xs, masks):
+        t = torch.tensor(x, requires_grad=True)  # grad tensors too, both 0-d and not
+        m.record("e", t, mask=None if mask is None else torch.tensor(mask))
+        kept.append(np.ravel(x) if mask is None else x[mask])
+    samples = np.concatenate(kept)
+    expected = {
+        "e/mean": pytest.approx(samples.mean()),
+        "e/min": samples.min(),
+        "e/max": samples.max(),
+        "e/count": float(len(samples)),
+        "e/last": pytest.approx(samples[-1]),
+    }
+    assert m.compute() == expected
+    before = m.to_bytes()
+    with pytest.raises(TypeError, match="'e'"):
+        m.record("e", torch.tensor([1j]))
+    with pytest.raises(ValueError, match="'e'"):
+        m.record("e", torch.ones(4, 8), mask=torch.ones(8, 4, dtype=torch.bool))
+    assert m.to_bytes() == before
+    # weighted records take the same path once the name has a device record
+    ws = [rng.random(size=shape) for shape in shapes]
+    for x, w in zip(xs, ws):
+        m.record("w", torch.tensor(x), weight=torch.tensor(w))
+    m.record("w", torch.tensor(5.0), weight=0.5)
+    values = np.concatenate([np.ravel(x) for x in xs] + [[5.0]])
+    weights = np.concatenate([np.ravel(w) for w in ws] + [[0.5]])
+    assert m.compute()["w"] == pytest.approx(np.average(values, weights=weights))
+    with pytest.raises(ValueError, match="'w'"):
+        m.record("w", torch.tensor(1.0), weight=-1.0)
+    m.reset()  # what the first records resolved is forgotten with the samples
+    m.record("e", torch.tensor(2.0))
+    m.record("e", torch.tensor(4.0))
+    assert m.compute()["e/mean"] == 3.0
+
+
 def test_cpu_tensors_are_checked_at_record() -> None:
     m = ms.Metrics(SPECS)
     m.record("kl", torch.tensor([1.0]))
