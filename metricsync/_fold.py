@@ -52,14 +52,20 @@ class SpecInfo:
 
     __slots__ = ("carried", "ignore", "keep", "need", "sketch", "uncarried")
 
-    def __init__(self, specs: Sequence[Spec]) -> None:
+    def __init__(self, specs: Sequence[Spec], before: SpecInfo | None = None) -> None:
+        """``before``: the info of a prefix of ``specs``, extended here by the rest."""
         self.keep = tuple(specs)  # alive while cached, so no other object takes their ids
-        ids, kinds = al.spec_kinds(specs)  # specs are few, slots many
+        done = 0 if before is None else len(before.keep)
+        ids, kinds = al.spec_kinds(self.keep[done:])  # specs are few, slots many
         carries = np.array([al.carries(s) for s in kinds], dtype=bool).reshape(-1, al.NCOL_ALL)
         self.carried = carries[ids].T
-        self.uncarried = ~self.carried[: al.NCOL]  # persisted columns a fold sets back
         self.ignore = np.array([s.nan == "ignore" for s in kinds], dtype=bool)[ids]
         self.sketch = np.array([s.needs_sketch for s in kinds], dtype=bool)[ids]
+        if before is not None:
+            self.carried = np.concatenate([before.carried, self.carried], axis=1)
+            self.ignore = np.concatenate([before.ignore, self.ignore])
+            self.sketch = np.concatenate([before.sketch, self.sketch])
+        self.uncarried = ~self.carried[: al.NCOL]  # persisted columns a fold sets back
         # the columns any of them carries: a fold computes these for every run (a column a
         # metric does not carry is set back to its identity afterwards)
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
@@ -81,7 +87,14 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
         key = tuple(map(id, specs))
     info = _INFO.get(key)
     if info is None:
-        info = SpecInfo(specs)
+        # a table gains names at its end: the latest info is most often a prefix of these
+        with _INFO_LOCK:
+            latest = next(reversed(_INFO.values()), None)
+        if latest is not None and not (
+            len(latest.keep) <= len(specs) and latest.keep == tuple(specs[: len(latest.keep)])
+        ):
+            latest = None
+        info = SpecInfo(specs, latest)
         with _INFO_LOCK:  # folds run on several threads (async syncs)
             while len(_INFO) >= 16:
                 _INFO.pop(next(iter(_INFO)))

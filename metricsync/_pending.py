@@ -39,6 +39,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -92,8 +93,8 @@ class HostPending:
         self._extended = 0  # samples in ``_arrays``
         self._meta: list[Any] = [array("q"), array("q"), array("d"), array("b")]  # slot, n, t, w?
         self._rows = Rows()  # records reduced on arrival
-        self._keys = 0  # changes whenever ``fast`` gains or loses a name
-        self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # see _order_of
+        self._removed = 0  # names ``fast`` lost so far (it gains names only at its end)
+        self._order: tuple[int, int, np.ndarray, np.ndarray] | None = None  # see _order_of
 
     def open(self, name: str, spec: Spec) -> None:
         """Give ``name`` a number buffer, so its later Python numbers take the fast path."""
@@ -105,7 +106,6 @@ class HostPending:
             self.fast[name] = buf
         else:
             self.fast[name] = array("d")
-        self._keys += 1
 
     def open_weighted(self, name: str, spec: Spec) -> None:
         """Give ``name`` a pair of buffers for weighted Python numbers (the fast path)."""
@@ -157,7 +157,7 @@ class HostPending:
     def forget(self, name: str) -> None:
         """Drop ``name``'s buffers (its spec changed)."""
         if self.fast.pop(name, None) is not None:
-            self._keys += 1
+            self._removed += 1
         self.weighted.pop(name, None)
         self._arrays.pop(name, None)
 
@@ -254,14 +254,21 @@ class HostPending:
 
     def _order_of(self, index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """The slot of each name of ``fast``, in its order, and the positions of the
-        buffers that keep their own time (cached while ``fast`` keeps its names)."""
-        if self._order is None or self._order[0] != self._keys:
-            slots = np.array([index[name] for name in self.fast], dtype=np.int64)
-            stamped = [
-                i for i, buf in enumerate(self.fast.values()) if isinstance(buf, StampedBuffer)
-            ]
-            self._order = (self._keys, slots, np.array(stamped, dtype=np.intp))
-        return self._order[1], self._order[2]
+        buffers that keep their own time (cached; names added since extend the cache)."""
+        known = 0
+        if self._order is not None and self._order[0] == self._removed:
+            known = self._order[1]
+        if known == len(self.fast) and self._order is not None:
+            return self._order[2], self._order[3]
+        added = list(islice(self.fast.items(), known, None))
+        slots = np.array([index[name] for name, _ in added], dtype=np.int64)
+        stamped = [known + i for i, (_, buf) in enumerate(added) if buf.__class__ is StampedBuffer]
+        if known:
+            assert self._order is not None
+            slots = np.concatenate([self._order[2], slots])
+            stamped = self._order[3].tolist() + stamped
+        self._order = (self._removed, len(self.fast), slots, np.array(stamped, dtype=np.intp))
+        return self._order[2], self._order[3]
 
     def capture(self) -> Captured:
         """The pending samples of this moment, to read later (on another thread) without

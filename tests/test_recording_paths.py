@@ -179,3 +179,39 @@ def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
     assert got["v/count"] == len(x) and got["v/nan_dropped"] == dropped
     assert got["v/max"] == x.max() and got["v/min"] == x.min()
     assert _close(got["v/mean"], float(x.mean()), 1e-12)
+
+
+def test_names_added_between_observations_fold_with_the_right_slots() -> None:
+    # compute() reads the number buffers in the order of their names; names added (and
+    # one whose spec changes, which moves its buffer to the end) extend what it read
+    # before. Each wave's results are checked against numpy over every sample so far.
+    rng = np.random.default_rng(11)
+    m = ms.Metrics({"late/*": ms.Spec(("mean", "last"))})  # "lazy" starts as a mean
+    samples: dict[str, list[float]] = {}
+    for wave in range(6):
+        fresh = [f"w{wave}/{i}" for i in range(3)] + [f"late/{wave}"]
+        if wave == 0:
+            fresh.append("lazy")
+        if wave == 3:
+            m.reset()
+            samples.clear()
+            m.define("lazy", ms.Spec("sum"))  # empty now: its buffer is dropped and reopened
+        for name in [*samples, *fresh]:
+            for value in rng.normal(size=2).tolist():
+                m.record(name, value)
+                samples.setdefault(name, []).append(value)
+        for name in samples:  # an array after the numbers: `last` orders them by time
+            if name.startswith("late/") and wave % 2:
+                value = float(rng.normal())
+                m.record(name, np.array([value]))
+                samples[name].append(value)
+        got = m.compute()
+        for name, values in samples.items():
+            if name.startswith("late/"):
+                assert got[f"{name}/mean"] == pytest.approx(np.mean(values))
+                assert got[f"{name}/last"] == values[-1]
+            elif name == "lazy":
+                want = np.sum(values) if wave >= 3 else np.mean(values)
+                assert got[name] == pytest.approx(want)
+            else:
+                assert got[name] == pytest.approx(np.mean(values))

@@ -1,0 +1,45 @@
+"""What a fold asks of each slot's spec (``_fold.spec_info``), cached and extended as a table grows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import metricsync as ms
+from metricsync._fold import SpecInfo, spec_info
+
+POOL = [
+    ms.Spec("mean"),
+    ms.Spec(("mean", "last"), nan="ignore"),
+    ms.Spec(("p50", "max")),
+    ms.Spec("sum", across="mean"),
+    ms.Spec(("std", "min")),
+]
+
+
+def _same(a: SpecInfo, b: SpecInfo) -> None:
+    assert np.array_equal(a.carried, b.carried)
+    assert np.array_equal(a.uncarried, b.uncarried)
+    assert np.array_equal(a.ignore, b.ignore)
+    assert np.array_equal(a.sketch, b.sketch)
+    assert a.need == b.need
+    assert a.keep == b.keep
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_info_of_a_grown_spec_list_equals_one_built_from_scratch(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    specs = [POOL[i] for i in rng.integers(0, len(POOL), size=50)]
+    cut = int(rng.integers(0, 50))
+    spec_info(specs[:cut], key=object())  # the latest info: a prefix of the next list
+    grown = spec_info(specs, key=object())
+    _same(grown, SpecInfo(specs))
+    shuffled = [specs[i] for i in rng.permutation(len(specs))]  # not a prefix of it
+    _same(spec_info(shuffled, key=object()), SpecInfo(shuffled))
+
+
+def test_an_extended_info_covers_specs_the_prefix_never_had() -> None:
+    spec_info([POOL[0]] * 3, key=object())
+    grown = spec_info([POOL[0]] * 3 + [POOL[2], POOL[1]], key=object())
+    assert grown.sketch.tolist() == [False, False, False, True, False]
+    assert grown.ignore.tolist() == [False, False, False, False, True]
