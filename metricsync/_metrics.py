@@ -159,7 +159,7 @@ class Metrics:
                     return
             except (KeyError, TypeError, RuntimeError, ValueError):
                 pass
-        elif cls is _TENSOR[0] and name in self._store.lanes:  # weighted, on a device
+        elif cls is _TENSOR[0] and name in self._store.devices.lanes:  # weighted, on a device
             try:
                 if self._store.add_on_device(name, value, weight, mask):
                     return

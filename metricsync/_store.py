@@ -37,6 +37,7 @@ from ._convert import (
     host_values,
     host_weights,
 )
+from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._pending import FAST_LIMIT, HostPending
@@ -59,8 +60,7 @@ class Store:
         self.rules = rules if rules is not None else SpecTable()
         self.table = table if table is not None else StateTable()
         self.pending = HostPending()
-        self.devices: dict[Any, Any] = {}  # torch.device -> DeviceState
-        self.lanes: dict[str, tuple[Any, Any, int]] = {}  # name -> (device, its state, row)
+        self.devices = Devices()
         self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
         self.lock = threading.RLock()
 
@@ -105,9 +105,7 @@ class Store:
             return True
         if any(name == pending for pending, _ in self.deferred):
             return True
-        return self.table.holds_data(slot) or any(
-            slot in dev.recorded_slots() for dev in self.devices.values()
-        )
+        return self.table.holds_data(slot) or slot in self.devices.recorded_slots()
 
     # -------------------------------------------------------------- recording
 
@@ -234,18 +232,12 @@ class Store:
         return partial(self._apply_device, name, spec, x, w, m)
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
-        from ._device import DeviceState
-
         with self.lock:
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)
             if x.numel() == 0:  # no samples, and no device state that names would count
                 return
-            dev = self.devices.get(x.device)
-            if dev is None:
-                dev = self.devices[x.device] = DeviceState(x.device)
-            row = dev.add(slot, spec, x, w, m, al.now_us())
-            self.lanes[name] = (x.device, dev, row)
+            self.devices.add(name, slot, spec, x, w, m, al.now_us())
 
     def add_on_device(self, name: str, x: Any, weight: Any, mask: Any) -> bool:
         """Pend an accelerator tensor (weight and mask as for record) for a name already
@@ -253,14 +245,14 @@ class Store:
         are reused. False when the name has no such record (the general path takes the
         tensor). Bad input raises as on the general path, before anything is pended."""
         with self.lock:
-            lane = self.lanes.get(name)
-            if lane is None or x.device != lane[0]:
+            lane = self.devices.lane(name, x.device)
+            if lane is None:
                 return False
             check_tensor(name, x)
             w = None if weight is None else device_weight(name, weight, x)
             m = None if mask is None else device_mask(name, mask, x)
             if x.numel():
-                lane[1].pend(lane[2], x, w, m, al.now_us())
+                lane[0].pend(lane[1], x, w, m, al.now_us())
             return True
 
     # ---------------------------------------------------------------- folding
@@ -319,7 +311,7 @@ class Store:
             if batch is not None:
                 self._fold_into_table(batch, table)
             if live:
-                self._add_devices(table)
+                merge_devices(table, self.devices.read(table.names))
             return table
 
     def snapshot_later(self) -> Callable[[], StateTable]:
@@ -330,7 +322,7 @@ class Store:
         with self.lock:
             if self.deferred:
                 self._resolve_deferred()
-            devices = self._read_devices(self.table)
+            devices = self.devices.read(self.table.names)
             captured = self.pending.capture()
             table = self.table.copy()  # the live one may gain slots; this one stays
 
@@ -338,34 +330,17 @@ class Store:
             batch = captured.batch(table.index)
             if batch is not None:
                 self._fold_into_table(batch, table)
-            _merge_devices(table, devices)
+            merge_devices(table, devices)
             return table
 
         return finish
-
-    def _add_devices(self, table: StateTable) -> None:
-        _merge_devices(table, self._read_devices(table))
-
-    def _read_devices(self, table: StateTable) -> list[tuple[Any, np.ndarray, dict[int, Any]]]:
-        """Each device's state on the host: ``(slots, cols, cells)``."""
-        out = []
-        for dev in self.devices.values():
-            slots, cols, cells, errors = dev.snapshot()
-            if errors.any():
-                dev.clear_errors()
-                from ._device_fold import device_error  # loaded: a device recorded
-
-                raise device_error(table.names[slots[int(np.argmax(errors))]], errors.max())
-            out.append((slots, cols, cells))
-        return out
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records and CUDA
         timers not yet read count)."""
         with self.lock:
             held = self.snapshot(devices=False).holds()
-            for dev in self.devices.values():
-                held[sorted(dev.recorded_slots())] = True
+            held[sorted(self.devices.recorded_slots())] = True
             held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names
             return [names[i] for i in np.flatnonzero(held).tolist()]
@@ -376,8 +351,7 @@ class Store:
         """Forget every sample; keep rules, names and specs."""
         with self.lock:
             self.pending.clear()
-            self.devices = {}
-            self.lanes = {}
+            self.devices = Devices()
             self.deferred = []
             self.table.reset()
 
@@ -403,13 +377,3 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
-
-
-def _merge_devices(
-    table: StateTable, devices: list[tuple[Any, np.ndarray, dict[int, Any]]]
-) -> None:
-    for slots, cols, cells in devices:
-        table.merge_state(slots, cols)
-        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
-            for slot, extra in cells.items():
-                table.sketches[slot] += extra

@@ -1,0 +1,83 @@
+"""The accelerator side of one ``Metrics``: a :class:`~metricsync._device.DeviceState`
+per device, and the *lane* of each name recorded on one: the device, its state and
+the name's row there, so that the name's later records go straight to that row.
+
+Importing this module does not import torch: ``_device`` (which does) loads on a
+first device record.
+
+>>> devices = Devices()
+>>> bool(devices), devices.recorded_slots()
+(False, set())
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._spec import Spec
+from ._table import StateTable
+
+__all__ = ["Devices", "DeviceRead", "merge_devices"]
+
+#: one device's state on the host: ``(slots, cols, cells)``
+DeviceRead = tuple[Any, np.ndarray, dict[int, Any]]
+
+
+class Devices:
+    """Device states by device, and lanes by name. The caller holds the store's lock."""
+
+    def __init__(self) -> None:
+        self.states: dict[Any, Any] = {}  # torch.device -> DeviceState
+        self.lanes: dict[str, tuple[Any, Any, int]] = {}  # name -> (device, state, row)
+
+    def __bool__(self) -> bool:
+        return bool(self.states)
+
+    def add(self, name: str, slot: int, spec: Spec, x: Any, w: Any, m: Any, now: float) -> None:
+        """Pend a checked record of ``name`` (table slot ``slot``) on ``x``'s device."""
+        from ._device import DeviceState
+
+        state = self.states.get(x.device)
+        if state is None:
+            state = self.states[x.device] = DeviceState(x.device)
+        row = state.add(slot, spec, x, w, m, now)
+        self.lanes[name] = (x.device, state, row)
+
+    def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
+        """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
+        lane = self.lanes.get(name)
+        if lane is None or device != lane[0]:
+            return None
+        return lane[1], lane[2]
+
+    def recorded_slots(self) -> set[int]:
+        """Table slots holding device records, folded or pending."""
+        out: set[int] = set()
+        for state in self.states.values():
+            out |= state.recorded_slots()
+        return out
+
+    def read(self, names: list[str]) -> list[DeviceRead]:
+        """Each device's state on the host; ``ValueError`` naming the metric (from
+        ``names``, by slot) when a record failed its checks on the device."""
+        out = []
+        for state in self.states.values():
+            slots, cols, cells, errors = state.snapshot()
+            if errors.any():
+                state.clear_errors()
+                from ._device_fold import device_error  # loaded: a device recorded
+
+                raise device_error(names[slots[int(np.argmax(errors))]], errors.max())
+            out.append((slots, cols, cells))
+        return out
+
+
+def merge_devices(table: StateTable, devices: list[DeviceRead]) -> None:
+    """Merge what :meth:`Devices.read` returned into ``table``."""
+    for slots, cols, cells in devices:
+        table.merge_state(slots, cols)
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
+            for slot, extra in cells.items():
+                table.sketches[slot] += extra
