@@ -28,16 +28,18 @@ from typing import Any
 __all__ = ["count_blocking_uploads", "count_device_ops"]
 
 
+def _same(got: Any, want: Any) -> bool:
+    """Whether device ``got`` is ``want`` (a ``want`` without an index matches any)."""
+    return bool(got.type == want.type and (want.index is None or got.index == want.index))
+
+
 def _matcher(device: Any) -> Any:
     import torch
 
     want = torch.device(device)
 
     def on_device(obj: object) -> bool:
-        if not isinstance(obj, torch.Tensor):
-            return False
-        got = obj.device
-        return got.type == want.type and (want.index is None or got.index == want.index)
+        return isinstance(obj, torch.Tensor) and _same(obj.device, want)
 
     return on_device
 
@@ -145,10 +147,7 @@ def count_blocking_uploads(device: Any = "meta") -> Iterator[collections.Counter
     target = torch.device(device)
 
     def targets(where: Any) -> bool:
-        if where is None:
-            return False
-        got = torch.device(where)
-        return got.type == target.type and (target.index is None or got.index == target.index)
+        return where is not None and _same(torch.device(where), target)
 
     def blocking(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         this = args[0] if args else None

@@ -224,12 +224,9 @@ class Store:
             self.pending.add(slot, np.array([number]), None, al.now_us())
 
     def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
-        check_tensor(name, x)
         with self.lock:
             spec = self.spec(name)
-        w = None if weight is None else device_weight(name, weight, x)
-        m = None if mask is None else device_mask(name, mask, x)
-        return partial(self._apply_device, name, spec, x, w, m)
+        return partial(self._apply_device, name, spec, x, *_device_inputs(name, x, weight, mask))
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
@@ -248,9 +245,7 @@ class Store:
             lane = self.devices.lane(name, x.device)
             if lane is None:
                 return False
-            check_tensor(name, x)
-            w = None if weight is None else device_weight(name, weight, x)
-            m = None if mask is None else device_mask(name, mask, x)
+            w, m = _device_inputs(name, x, weight, mask)
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())
             return True
@@ -377,3 +372,12 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
+
+
+def _device_inputs(name: str, x: Any, weight: Any, mask: Any) -> tuple[Any, Any]:
+    """``x`` checked, and its weight and mask on its device: ``TypeError``/``ValueError``
+    naming the metric for bad input."""
+    check_tensor(name, x)
+    w = None if weight is None else device_weight(name, weight, x)
+    m = None if mask is None else device_mask(name, mask, x)
+    return w, m
