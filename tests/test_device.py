@@ -360,6 +360,7 @@ def test_cpu_tensors_are_checked_at_record() -> None:
 
 def _python_calls(fn: Any) -> int:
     """The Python and C function calls ``fn()`` makes (a profile hook's count)."""
+    import gc
     import sys
 
     calls = 0
@@ -368,11 +369,14 @@ def _python_calls(fn: Any) -> int:
         nonlocal calls
         calls += event in ("call", "c_call")
 
+    gc.collect()  # finalizers of earlier tests' garbage would otherwise run (and count) here
+    gc.disable()
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return calls
 
 
