@@ -12,6 +12,14 @@ the ring of ``world - 1`` steps gloo's ``all_gather`` takes (on 4 ranks of
 a 2-core machine, about half the time for the few kilobytes a sync sends;
 groups of more than :data:`EXCHANGE_MAX` ranks keep the ring).
 
+A host collective is waited for by polling: the thread yields the CPU
+between checks for up to :data:`POLL_SECONDS`, then blocks. Gloo completes a
+collective on its own threads, and a thread blocked on it must be woken
+when it is done; under load that wake-up costs more than the few kilobytes
+a sync sends (on 2 ranks of a 2-core machine a gather takes about a quarter
+less time polled, on 4 ranks about a third less). A rank that waits longer,
+for a peer still at work, blocks after the poll and burns no CPU.
+
 >>> import numpy as np
 >>> remaining(None) is None
 True
@@ -19,6 +27,7 @@ True
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -28,16 +37,41 @@ import numpy as np
 from ._errors import SyncError
 from ._layout import GroupState
 
-__all__ = ["EXCHANGE_MAX", "Comm", "remaining"]
+__all__ = ["EXCHANGE_MAX", "POLL_SECONDS", "Comm", "remaining"]
 
 #: the largest group whose gloo gathers are all-to-alls: its input is the array repeated
 #: once per rank, memory that grows with the group (a ring all_gather's does not)
 EXCHANGE_MAX = 64
 
+#: how long a wait for a host collective polls (yielding the CPU) before it blocks
+POLL_SECONDS = 0.005
+
+_YIELD = getattr(os, "sched_yield", None)  # not on every platform: there, no poll
+
 
 def remaining(deadline: float | None) -> float | None:
     """Seconds left until ``deadline`` (a ``time.monotonic`` value), or None without one."""
     return None if deadline is None else deadline - time.monotonic()
+
+
+def poll(work: Any, seconds: float, pause: Any) -> bool:
+    """Whether ``work`` completed within about ``seconds``, checked between calls of
+    ``pause`` (a work without ``is_completed`` is never polled: False).
+
+    >>> class Done:
+    ...     def is_completed(self): return True
+    >>> poll(Done(), 0.001, lambda: None), poll(object(), 0.001, lambda: None)
+    (True, False)
+    """
+    done = getattr(work, "is_completed", None)
+    if done is None:
+        return False
+    end = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= end:
+            return False
+        pause()
+    return True
 
 
 class Comm:
@@ -72,6 +106,9 @@ class Comm:
         if left is not None and left <= 0:
             raise self._fail(what, TimeoutError("the sync's timeout ran out"))
         try:
+            if self.host and _YIELD is not None:  # see the module docstring
+                poll(work, POLL_SECONDS if left is None else min(POLL_SECONDS, left / 2), _YIELD)
+                left = None if left is None else max(left - POLL_SECONDS, left / 2)
             if left is None:
                 work.wait()
             else:

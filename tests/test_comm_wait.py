@@ -1,0 +1,123 @@
+"""How a sync waits for its collectives: host ones are polled, then waited for within the
+deadline; failures become ``SyncError`` and mark the group out of step.
+
+A fake ``dist`` hands out works that count how they are asked; no process group is made.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from metricsync import SyncError
+from metricsync._comm import POLL_SECONDS, Comm, poll
+from metricsync._layout import GroupState
+
+
+class _Work:
+    """Completes after ``ready`` checks (never with None); ``wait`` may raise."""
+
+    def __init__(self, ready: int | None, error: Exception | None = None) -> None:
+        self.ready, self.error = ready, error
+        self.checks = 0
+        self.waits: list[Any] = []
+
+    def is_completed(self) -> bool:
+        self.checks += 1
+        return self.ready is not None and self.checks > self.ready
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.waits.append(timeout)
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class _Dist:
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def all_reduce(self, tensor: Any, op: Any, group: Any, async_op: bool) -> Any:
+        assert async_op
+        return self.work
+
+
+def _reduce(work: Any, device: str = "cpu", deadline: float | None = None) -> GroupState:
+    state = GroupState()
+    comm = Comm(_Dist(work), None, deadline, state, torch.device(device))
+    out = comm.all_reduce(np.arange(3.0), "sum", "the test reduce")
+    assert out.tolist() == [0.0, 1.0, 2.0]
+    assert comm.count == 1
+    return state
+
+
+def test_a_host_collective_is_polled_until_it_completes_then_waited_for_once() -> None:
+    work = _Work(ready=5)
+    _reduce(work)
+    assert work.checks == 6  # five times not yet, then done
+    assert work.waits == [None]  # no deadline: a plain wait, which returns at once
+
+
+def test_a_poll_that_runs_out_leaves_the_wait_the_rest_of_the_deadline() -> None:
+    work = _Work(ready=None)  # never completes while polled
+    seconds = 30.0
+    start = time.monotonic()
+    _reduce(work, deadline=start + seconds)
+    assert work.checks > 1
+    (timeout,) = work.waits
+    assert 0 < timeout.total_seconds() <= seconds - min(POLL_SECONDS, seconds / 2)
+
+
+def test_a_short_deadline_polls_for_at_most_half_of_it() -> None:
+    assert poll(_Work(ready=None), 0.0, lambda: None) is False
+    work = _Work(ready=None)
+    seconds = 2e-3  # below the poll's usual length
+    _reduce(work, deadline=time.monotonic() + seconds)
+    (timeout,) = work.waits
+    assert 0 < timeout.total_seconds() <= seconds / 2
+
+
+def test_a_failed_wait_raises_sync_error_and_marks_the_group() -> None:
+    work = _Work(ready=0, error=RuntimeError("peer went away"))
+    with pytest.raises(SyncError, match="the test reduce did not complete: peer went away"):
+        _reduce(work)
+    assert work.checks == 1
+    state = GroupState()
+    comm = Comm(_Dist(work), None, None, state, torch.device("cpu"))
+    with pytest.raises(SyncError):
+        comm.all_reduce(np.zeros(1), "sum", "again")
+    assert state.broken is not None and "peer went away" in state.broken
+
+
+def test_a_poll_that_raises_is_a_failed_collective_too() -> None:
+    class Broken(_Work):
+        def is_completed(self) -> bool:
+            raise RuntimeError("connection reset")
+
+    state = GroupState()
+    comm = Comm(_Dist(Broken(ready=0)), None, None, state, torch.device("cpu"))
+    with pytest.raises(SyncError, match="connection reset"):
+        comm.all_reduce(np.zeros(1), "sum", "the test reduce")
+    assert state.broken is not None
+
+
+def test_device_collectives_and_works_without_a_completion_check_are_not_polled() -> None:
+    work = _Work(ready=0)
+    comm = Comm(_Dist(work), None, None, GroupState(), torch.device("meta"))
+    with pytest.raises(NotImplementedError):  # the wait is over; a meta result has no data
+        comm.all_reduce(np.zeros(1), "sum", "the test reduce")
+    assert work.checks == 0 and work.waits == [None]
+
+    class Plain:
+        waited = 0
+
+        def wait(self, timeout: Any = None) -> None:
+            Plain.waited += 1
+
+    assert poll(Plain(), 1.0, lambda: None) is False
+    _reduce(Plain())
+    assert Plain.waited == 1
