@@ -377,7 +377,9 @@ def submit(
             pass
         table, problem = _finish(later, error)
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)
-        return wrap(Store(rules, sync_table(dist, side, table, rules, problem, left, tag=tag)))
+        return wrap(
+            Store(rules, sync_table(dist, side, table, rules, problem, left, tag, poll=False))
+        )
 
     handle = SyncHandle()
     _running_worker().queue.put((handle, job))

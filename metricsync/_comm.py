@@ -18,7 +18,9 @@ collective on its own threads, and a thread blocked on it must be woken
 when it is done; under load that wake-up costs more than the few kilobytes
 a sync sends (on 2 ranks of a 2-core machine a gather takes about a quarter
 less time polled, on 4 ranks about a third less). A rank that waits longer,
-for a peer still at work, blocks after the poll and burns no CPU.
+for a peer still at work, blocks after the poll and burns no CPU. An async
+sync's thread does not poll: it would take the GIL from the training
+thread at every check.
 
 >>> import numpy as np
 >>> remaining(None) is None
@@ -85,9 +87,11 @@ class Comm:
         state: GroupState,
         device: Any,
         exchange: bool = False,
+        poll: bool = True,
     ) -> None:
         self.dist = dist
         self.exchange = exchange  # gather by an all-to-all (see all_gather)
+        self.poll = poll and _YIELD is not None and device.type == "cpu"  # see _wait
         self.group = group
         self.deadline = deadline
         self.state = state
@@ -106,7 +110,7 @@ class Comm:
         if left is not None and left <= 0:
             raise self._fail(what, TimeoutError("the sync's timeout ran out"))
         try:
-            if self.host and _YIELD is not None:  # see the module docstring
+            if self.poll:  # see the module docstring
                 poll(work, POLL_SECONDS if left is None else min(POLL_SECONDS, left / 2), _YIELD)
                 left = None if left is None else max(left - POLL_SECONDS, left / 2)
             if left is None:

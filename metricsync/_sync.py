@@ -101,12 +101,14 @@ def sync_table(
     error: ValueError | None,
     timeout: float | None,
     tag: int = 0,
+    poll: bool = True,
 ) -> StateTable:
     """The merge of ``table`` over every rank of ``group`` (see the module docstring).
 
     ``tag`` identifies the sync among a group's async syncs (0 for blocking
     ones; see :mod:`metricsync._async`): ranks whose tags differ raise
-    ``SyncError``, since they are merging different ``Metrics``.
+    ``SyncError``, since they are merging different ``Metrics``. ``poll``: whether host
+    collectives are polled before the wait blocks (see :mod:`metricsync._comm`).
     """
     facts = group_facts(dist, group)
     state = group_state(facts.key, group)
@@ -122,7 +124,7 @@ def sync_table(
             "metricsync sync: another thread's sync on this group did not finish in time"
         )
     gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
-    comm = Comm(dist, group, deadline, state, comm_device(dist, group), exchange=gloo)
+    comm = Comm(dist, group, deadline, state, comm_device(dist, group), gloo, poll)
     try:
         result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
         state.seq += 1

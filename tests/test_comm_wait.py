@@ -107,11 +107,19 @@ def test_a_poll_that_raises_is_a_failed_collective_too() -> None:
     assert state.broken is not None
 
 
-def test_device_collectives_and_works_without_a_completion_check_are_not_polled() -> None:
+def test_device_collectives_async_syncs_and_works_without_a_completion_check_are_not_polled() -> (
+    None
+):
     work = _Work(ready=0)
     comm = Comm(_Dist(work), None, None, GroupState(), torch.device("meta"))
     with pytest.raises(NotImplementedError):  # the wait is over; a meta result has no data
         comm.all_reduce(np.zeros(1), "sum", "the test reduce")
+    assert work.checks == 0 and work.waits == [None]
+
+    work = _Work(ready=0)  # an async sync's thread: host collectives, not polled
+    Comm(_Dist(work), None, None, GroupState(), torch.device("cpu"), poll=False).all_reduce(
+        np.zeros(1), "sum", "the test reduce"
+    )
     assert work.checks == 0 and work.waits == [None]
 
     class Plain:
@@ -123,3 +131,34 @@ def test_device_collectives_and_works_without_a_completion_check_are_not_polled(
     assert poll(Plain(), 1.0, lambda: None) is False
     _reduce(Plain())
     assert Plain.waited == 1
+
+
+def _poll_calls(rank: int, world: int) -> tuple[int, int]:
+    import metricsync as ms
+
+    calls: list[int] = []
+    polled = _comm.poll
+
+    def counted(*args: Any) -> bool:
+        calls.append(1)
+        return polled(*args)
+
+    m = ms.Metrics()
+    m.record("x", float(rank))
+    m.sync(timeout=60)  # the first sync agrees on the layout: more collectives
+    _comm.poll = counted
+    try:
+        assert m.sync(timeout=60).compute() == {"x": (world - 1) / 2}
+        blocking = len(calls)
+        assert m.sync(timeout=60, async_op=True).wait().compute() == {"x": (world - 1) / 2}
+        return blocking, len(calls) - blocking
+    finally:
+        _comm.poll = polled
+
+
+def test_blocking_syncs_poll_their_gather_and_async_syncs_do_not() -> None:
+    from metricsync.testing import run_distributed
+
+    for blocking, async_ in run_distributed(_poll_calls, 2, timeout=120):
+        assert blocking == 1  # a steady sync's one gather, polled
+        assert async_ == 0  # on the async thread, which would take the GIL at every check
