@@ -171,7 +171,11 @@ def test_custom_backends_get_histograms_through_the_optional_method(tmp_path: Pa
 
 
 def _wandb_records(run_file: Path) -> tuple[list[dict], dict[str, Any]]:
-    """History rows and config of an offline ``.wandb`` file (a LevelDB-style record log)."""
+    """History rows and config of an offline ``.wandb`` file (a LevelDB-style record log).
+
+    Only complete records count: wandb writes the file from another process, so the
+    tail may still be half written when the run has finished; callers poll.
+    """
     from wandb.proto import wandb_internal_pb2
 
     data = run_file.read_bytes()
@@ -183,6 +187,8 @@ def _wandb_records(run_file: Path) -> tuple[list[dict], dict[str, Any]]:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a tail the writer process has not finished
+            break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST chunk of a record
