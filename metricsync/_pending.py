@@ -69,14 +69,17 @@ class StampedBuffer(array):  # type: ignore[type-arg,unused-ignore]
             self.stamp = al.now_us()
 
 
+_EMPTY = array("d")  #: an empty buffer: a slice of it is a new one, made faster than array("d")
+
+
 def _new_buffer(like: Any) -> Any:
     if isinstance(like, tuple):
-        return (array("d"), array("d"))
+        return (_EMPTY[:], _EMPTY[:])
     if isinstance(like, StampedBuffer):
         fresh = StampedBuffer("d")
         fresh.ignore_nan = like.ignore_nan
         return fresh
-    return array("d")
+    return _EMPTY[:]
 
 
 class HostPending:
@@ -166,14 +169,10 @@ class HostPending:
         fast = self.fast
         # the same keys: the dict is updated in place, and the record path holds it
         fast.update(
-            {
-                n: array("d") if b.__class__ is array else _new_buffer(b)
-                for n, b in fast.items()
-                if b
-            }
+            {n: _EMPTY[:] if b.__class__ is array else _new_buffer(b) for n, b in fast.items() if b}
         )
         self.weighted.update(
-            {n: (array("d"), array("d")) for n, (v, _) in self.weighted.items() if v}
+            {n: (_EMPTY[:], _EMPTY[:]) for n, (v, _) in self.weighted.items() if v}
         )
         self._retired, self._used, self._rows = [], 0, Rows()
         self._arrays, self._extended = {}, 0
@@ -238,7 +237,7 @@ class HostPending:
             runs.read_bulk(bufs, slots, stamps_all)
         pairs = [item for item in self.weighted.items() if item[1][0]]
         if consume:
-            self.weighted.update({name: (array("d"), array("d")) for name, _ in pairs})
+            self.weighted.update({name: (_EMPTY[:], _EMPTY[:]) for name, _ in pairs})
         for name, pair in pairs:
             n = runs.read(index[name], pair, 0, now)
             if consume and sys.getrefcount(pair) > 3:

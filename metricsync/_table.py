@@ -180,7 +180,11 @@ class StateTable:
 
     def merge_state(self, slots: Sequence[int] | np.ndarray, cols: np.ndarray) -> None:
         """Merge state columns ``(NCOL_ALL, len(slots))`` into ``slots`` (distinct)."""
-        idx = np.asarray(slots, dtype=np.intp)
+        at = np.asarray(slots, dtype=np.intp)
+        n = len(at)
+        idx: np.ndarray | slice = at
+        if n >= 512 and at[-1] - at[0] == n - 1 and (np.diff(at) == 1).all():
+            idx = slice(int(at[0]), int(at[-1]) + 1)  # many slots of one range: no gather
         if self._blank:  # nothing merged since the start or a reset: the merge is ``cols``
             self.cols[:, idx] = cols
         else:

@@ -76,3 +76,31 @@ def test_packed_merge_leaves_its_rows_alone() -> None:
     assert np.array_equal(rows, before)
     w = layout.packed.span[al.W]
     assert merged[w].tolist() == (rows[0, w] + rows[1, w]).tolist()
+
+
+def test_merging_a_range_of_slots_equals_merging_them_one_gather_at_a_time() -> None:
+    # 600 slots in one range take the slice path of merge_state, the same slots shuffled
+    # the gather path: both give every slot the pooled count, sum and max of its samples
+    from metricsync._table import StateTable
+
+    rng = np.random.default_rng(3)
+    k = 600
+    samples = rng.normal(size=(2, k, 3))
+    specs = [ms.Spec(("mean", "max"))] * k
+
+    def folded(order: np.ndarray) -> StateTable:
+        table = StateTable()
+        for i in range(k):
+            table.slot(f"m{i:04d}", specs[i])
+        for part in samples:  # two merges: the second one into a state that holds samples
+            cols = al.identity(k)
+            cols[al.W], cols[al.S], cols[al.MAX] = 3.0, part.sum(1), part.max(1)
+            table.merge_state(order, cols[:, order])
+        return table
+
+    ranged, shuffled = folded(np.arange(k)), folded(rng.permutation(k))
+    pooled = samples.transpose(1, 0, 2).reshape(k, -1)
+    for table in (ranged, shuffled):
+        got = table.compute()
+        assert np.allclose([got[f"m{i:04d}/mean"] for i in range(k)], pooled.mean(1))
+        assert [got[f"m{i:04d}/max"] for i in range(k)] == pooled.max(1).tolist()
