@@ -43,9 +43,9 @@ import step as rl  # bench/step.py: the RL step's data and specs
 import torch.distributed as dist
 
 import metricsync as work
+from metricsync._benchmark import _specs as sync_specs
 
 Case = Callable[[], dict[str, float]]
-_KINDS = ("mean", "sum", "max", "std")
 
 
 def export(rev: str, into: Path) -> ModuleType:
@@ -62,8 +62,13 @@ def export(rev: str, into: Path) -> ModuleType:
     return metricsync_base
 
 
+def specs_of(ms: Any, specs: dict[str, Any]) -> dict[str, Any]:
+    """``specs`` (the working tree's) as ``ms``'s own ``Spec`` objects."""
+    return {name: ms.Spec.from_json(spec.to_json()) for name, spec in specs.items()}
+
+
 def sync_case(ms: Any, k: int, calls: int) -> Case:
-    specs = {f"m{i:05d}": ms.Spec(_KINDS[i % len(_KINDS)]) for i in range(k)}
+    specs = specs_of(ms, sync_specs(k))  # bench/sync.py's metrics
     metrics = ms.Metrics(specs)
     for name, row in zip(specs, np.random.default_rng(0).normal(size=(k, 4))):
         for v in row.tolist():
@@ -87,8 +92,7 @@ def sync_case(ms: Any, k: int, calls: int) -> Case:
 def step_case(ms: Any, data: dict[str, Any]) -> Case:
     """bench/step.py's step on one rank (on the default group: each package keeps its own
     layouts), by phase."""
-    specs = {name: ms.Spec.from_json(spec.to_json()) for name, spec in rl.SPECS.items()}
-    metrics = ms.Metrics(specs)
+    metrics = ms.Metrics(specs_of(ms, rl.SPECS))
 
     def run() -> dict[str, float]:
         times: dict[str, float] = {}

@@ -86,12 +86,12 @@ def test_merging_a_range_of_slots_equals_merging_them_one_gather_at_a_time() -> 
     rng = np.random.default_rng(3)
     k = 600
     samples = rng.normal(size=(2, k, 3))
-    specs = [ms.Spec(("mean", "max"))] * k
+    spec = ms.Spec(("mean", "max"))
 
     def folded(order: np.ndarray) -> StateTable:
         table = StateTable()
         for i in range(k):
-            table.slot(f"m{i:04d}", specs[i])
+            table.slot(f"m{i:04d}", spec)
         for part in samples:  # two merges: the second one into a state that holds samples
             cols = al.identity(k)
             cols[al.W], cols[al.S], cols[al.MAX] = 3.0, part.sum(1), part.max(1)
