@@ -35,7 +35,10 @@ def main() -> None:
             print(
                 f"{world} ranks, K={k:,}: sync+compute {row['t_metricsync'] * 1e3:.2f} ms,"
                 f" {row['t_metricsync'] / row['t_olmo_core']:.2f}x olmo_core,"
-                f" {row['t_metricsync'] / row['t_floor']:.2f}x the floor",
+                f" {row['t_metricsync'] / row['t_floor']:.2f}x the floor;"
+                f" after a record {row['t_after_record'] * 1e3:.2f} ms,"
+                f" {row['t_after_record'] / row['t_olmo_core']:.2f}x olmo_core;"
+                f" changed layout {row['t_changed'] / row['t_steady_recorded']:.1f}x",
                 flush=True,
             )
     print()

@@ -6,7 +6,11 @@ repeat runs every approach once, in a rotating order), the slowest rank's
 median over the repeats:
 
 - ``metricsync``: ``Metrics.sync()`` then ``compute()`` in steady state (the
-  layout already agreed), and ``sync()`` alone;
+  layout already agreed), and ``sync()`` alone. Nothing is recorded between
+  these syncs, so each reads the fold the ``Metrics`` kept from the last one;
+- ``after_record``: the same right after every rank recorded one more number
+  into one of its metrics, so each sync folds every pending sample again (what
+  a training step that records, then syncs, pays);
 - ``olmo_core``: OLMo-core's ``reduce_metrics``, replicated: each rank's
   metrics as 0-d tensors (its local reductions, made in advance), split by
   reduce type, packed, one SUM and one MAX collective, unpacked into a dict.
@@ -22,7 +26,10 @@ median over the repeats:
   timed on at most 1,000 metrics and scaled to K (its cost is linear in K);
 - ``changed``: a sync (plus ``compute()``) right after the odd ranks added a
   name, so the layout differs from the agreed one; interleaved with a steady
-  sync at the same K.
+  sync at the same K right after the odd ranks recorded one number into a name
+  the layout holds (``steady_recorded``: the same records, the same fold; the
+  ratio is what the layout change costs), and with a steady sync recording
+  nothing (``steady_again``).
 
 It also counts the payload bytes each rank hands to the collectives per
 steady sync (for gloo's all-to-all, the chunk each other rank receives), and the bytes per quantile metric: the marginal bytes of one
@@ -163,6 +170,10 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
     def ours() -> object:
         return metrics.sync().compute()
 
+    def after_record() -> object:
+        metrics.record(names[0], 0.5)
+        return metrics.sync().compute()
+
     # The floor: metricsync's own steady collectives, on buffers packed in advance.
     metrics.sync()
     with count_collectives() as steady:
@@ -233,6 +244,11 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
             metrics.record(f"new/{next(counter):06d}", 1.0)
         return metrics.sync().compute()
 
+    def steady_recorded() -> object:
+        if rank % 2 == 1:
+            metrics.record(names[-1], 1.0)
+        return metrics.sync().compute()
+
     changed_repeats = max(3, min(repeats, 30_000 // max(k, 1)))
     per_metric_repeats = max(3, min(repeats, 2000 // sample))
     steps = repeats + per_metric_repeats + changed_repeats + 1
@@ -241,6 +257,7 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
         t = _interleaved(
             {
                 "metricsync": ours,
+                "after_record": after_record,
                 "sync_only": metrics.sync,
                 "floor": floor,
                 "olmo_core": lambda: olmo_core_reduce(olmo_metrics, olmo_types),
@@ -254,7 +271,11 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
         t_sample = _interleaved({"per_metric": per_metric}, per_metric_repeats, tick=tick)
         result["t_per_metric"] = t_sample["per_metric"] * k / sample
         # each changed sync is unique: its untimed first call is one more change
-        t = _interleaved({"changed": changed, "steady_again": ours}, changed_repeats, tick=tick)
+        t = _interleaved(
+            {"changed": changed, "steady_recorded": steady_recorded, "steady_again": ours},
+            changed_repeats,
+            tick=tick,
+        )
         result |= {f"t_{name}": v for name, v in t.items()}
         result["bytes_metricsync"] = float(steady.bytes)
         result["collectives_metricsync"] = float(steady.total)
@@ -295,7 +316,7 @@ def format_rows(rows: list[dict[str, float]]) -> str:
         "<= 1.3x the floor at K=10k on 4 ranks",
         f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'sync only':>10} {'olmo_core':>10}"
         f" {'floor':>9} {'gather_obj':>11} {'per_metric':>11} {'vs olmo':>8} {'vs floor':>9}"
-        f" {'gather/ours':>11} {'per-metric/ours':>15}",
+        f" {'gather/ours':>11} {'per-metric/ours':>15} {'after a record':>15} {'vs olmo':>8}",
     ]
     for r in rows:
         ours = r["t_metricsync"]
@@ -304,20 +325,26 @@ def format_rows(rows: list[dict[str, float]]) -> str:
             f" {_ms(r['t_olmo_core']):>10} {_ms(r['t_floor']):>9} {_ms(r['t_gather_object']):>11}"
             f" {_ms(r['t_per_metric']):>11} {ours / r['t_olmo_core']:>7.2f}x"
             f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>10.1f}x"
-            f" {r['t_per_metric'] / ours:>14.1f}x"
+            f" {r['t_per_metric'] / ours:>14.1f}x {_ms(r['t_after_record']):>15}"
+            f" {r['t_after_record'] / r['t_olmo_core']:>7.2f}x"
         )
     lines += [
         "",
-        "changed layout (odd ranks add a name before each sync) against a steady sync; target <= 3x",
+        "changed layout (odd ranks add a name before each sync) against a steady sync after the "
+        "same records (odd ranks record a number to a known name); target <= 3x. Last columns: "
+        "against a steady sync recording nothing",
         f"{'ranks':>5} {'K':>6} {'changed':>10} {'steady':>10} {'ratio':>7}"
-        f" {'collectives':>11} {'bytes changed':>14} {'bytes steady':>13}",
+        f" {'collectives':>11} {'bytes changed':>14} {'bytes steady':>13}"
+        f" {'no record':>10} {'ratio':>7}",
     ]
     for r in rows:
         lines.append(
             f"{int(r['world']):>5} {int(r['K']):>6} {_ms(r['t_changed']):>10}"
-            f" {_ms(r['t_steady_again']):>10} {r['t_changed'] / r['t_steady_again']:>6.1f}x"
+            f" {_ms(r['t_steady_recorded']):>10}"
+            f" {r['t_changed'] / r['t_steady_recorded']:>6.1f}x"
             f" {int(r['collectives_changed']):>5} vs {int(r['collectives_metricsync'])}"
             f" {int(r['bytes_changed']):>14,} {int(r['bytes_metricsync']):>13,}"
+            f" {_ms(r['t_steady_again']):>10} {r['t_changed'] / r['t_steady_again']:>6.1f}x"
         )
     lines += [
         "",

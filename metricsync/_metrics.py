@@ -248,7 +248,7 @@ class Metrics:
         >>> h.total, float(h.edges[0]), float(h.edges[-1])
         (4.0, 16.0, 4096.0)
         """
-        return table_histograms(self._store.snapshot())
+        return table_histograms(self._store.folded())
 
     def key_formats(self) -> dict[str, str | None]:
         """The format spec of every key ``compute()`` may report (None: adaptive)."""
@@ -303,7 +303,7 @@ class Metrics:
         if not isinstance(other, Metrics):
             raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")
         theirs = _store_of(other)
-        rules, table = theirs.rules, theirs.snapshot()  # a copy, so merging self is safe
+        rules, table = theirs.rules, theirs.folded()  # not the live table: merging self is safe
         self._store.absorb(rules, table)
         return self
 
@@ -316,7 +316,7 @@ class Metrics:
 
     def to_bytes(self) -> bytes:
         """A versioned binary encoding of specs and states (no pickle inside)."""
-        return _codec.encode(self._store.rules, self._store.snapshot())
+        return _codec.encode(self._store.rules, self._store.folded())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Metrics:

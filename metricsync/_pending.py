@@ -186,6 +186,21 @@ class HostPending:
             return False
         return not any(values for values, _ in self.weighted.values())
 
+    def appended(self) -> int:
+        """How many numbers the number buffers hold: only an append (the lock-free path
+        of ``Metrics.record``) changes it between the changes the store's lock covers.
+
+        >>> pending = HostPending(); pending.open("x", Spec())
+        >>> pending.fast["x"].append(1.0); pending.appended()
+        1
+        """
+        n = sum(map(len, self.fast.values()))
+        if self.weighted:
+            n += sum(len(v) + len(w) for v, w in self.weighted.values())
+        for _, buf, _ in self._retired:
+            n += len(buf[0]) + len(buf[1]) if isinstance(buf, tuple) else len(buf)
+        return n
+
     def held(self) -> set[str]:
         """Names with pending numbers (they may still be NaN that a fold drops)."""
         names = {n for n, b in self.fast.items() if len(b)}

@@ -63,6 +63,8 @@ class Store:
         self.devices = Devices()
         self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
         self.lock = threading.RLock()
+        self._changes = 0  # changes made under the lock so far: see ``folded``
+        self._folded: tuple[tuple[int, bool, int], StateTable] | None = None
 
     # ------------------------------------------------------------------ specs
 
@@ -92,6 +94,7 @@ class Store:
         return changes
 
     def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
+        self._changes += 1
         self.rules = rules
         for slot, new in changes.items():
             name = self.table.names[slot]
@@ -155,6 +158,7 @@ class Store:
 
     def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
         with self.lock:
+            self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)
             n = len(values)
@@ -178,6 +182,7 @@ class Store:
             return False
         flat = values.reshape(-1)
         with self.lock:
+            self._changes += 1
             if not self.pending.fits(values.size):
                 self.flush()
             if not self.pending.extend(name, flat):
@@ -200,6 +205,7 @@ class Store:
         kept = xn[mn]  # the kept samples, in C order
         n = len(kept)
         with self.lock:
+            self._changes += 1
             if not self.pending.fits(n if n <= MASKED_MAX else 0):
                 self.flush()
             if n > MASKED_MAX:
@@ -213,6 +219,7 @@ class Store:
 
     def _apply_number(self, name: str, spec: Spec, number: float) -> None:
         with self.lock:
+            self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)  # the name's later numbers take the fast path
             buf = self.pending.fast.get(name)
@@ -230,6 +237,7 @@ class Store:
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
+            self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)
             if x.numel() == 0:  # no samples, and no device state that names would count
@@ -242,6 +250,7 @@ class Store:
         are reused. False when the name has no such record (the general path takes the
         tensor). Bad input raises as on the general path, before anything is pended."""
         with self.lock:
+            self._changes += 1
             lane = self.devices.lane(name, x.device)
             if lane is None:
                 return False
@@ -255,6 +264,7 @@ class Store:
     def flush(self) -> None:
         """Fold the pending host samples into the table."""
         with self.lock:
+            self._changes += 1
             batch = self.pending.take(self.table.index, consume=True)
             if batch is not None:
                 self._fold_into_table(batch, self.table)
@@ -270,6 +280,7 @@ class Store:
     def defer(self, name: str, value: Callable[[], float]) -> None:
         """Record ``value()`` under ``name`` at the next snapshot that reads devices."""
         with self.lock:
+            self._changes += 1
             spec = self.spec(name)
             self.table.slot(name, spec)  # the name takes its place (and format) now
             self.pending.open(name, spec)
@@ -281,32 +292,50 @@ class Store:
             self.prepare(name, value(), None, None)()
 
     def compute(self) -> dict[str, float]:
-        """``snapshot().compute()``; on the table itself, under the lock, when nothing waits
+        """``folded().compute()``; on the table itself, under the lock, when nothing waits
         to be folded (a synced ``Metrics``): no copy."""
         with self.lock:
             if not self.deferred and not self.devices and self.pending.empty():
                 return self.table.compute()
-        return self.snapshot().compute()
+        return self.folded().compute()
 
     def snapshot(self, devices: bool = True) -> StateTable:
-        """A copy of the table plus every pending sample.
+        """A copy of the table plus every pending sample, the caller's to change.
 
         With ``devices``, device states come to the host (one copy per device);
         a device record that failed its checks raises ``ValueError`` naming the
         metric (the record is dropped, so the next snapshot succeeds).
         """
+        return self.folded(devices).copy()
+
+    def folded(self, devices: bool = True) -> StateTable:
+        """The table plus every pending sample, folded (see :meth:`snapshot`): shared, so
+        the caller only reads it.
+
+        It is kept until the store changes, so observing again without a record
+        between (``compute()`` then ``sync()``, a sync then a checkpoint) folds
+        nothing again. A change is either made under the lock, which counts it, or
+        an append to a number buffer by the lock-free path of ``Metrics.record``,
+        which grows the buffers' total length (no other change shrinks it
+        without the lock), so that pair tells whether anything was recorded since.
+        """
         with self.lock:
             if devices and self.deferred:
                 self._resolve_deferred()
+            live = devices and bool(self.devices)
+            # read before the buffers are: a number appended in between makes a miss next time
+            key = (self._changes, live, self.pending.appended())
+            if self._folded is not None and self._folded[0] == key:
+                return self._folded[1]
             batch = self.pending.take(self.table.index, consume=False)
-            live = devices and self.devices
-            # always a copy: another thread may add slots to the live table while
+            # always a new table: another thread may add slots to the live table while
             # the caller reads this one outside the lock
             table = self.table.copy()
             if batch is not None:
                 self._fold_into_table(batch, table)
             if live:
                 merge_devices(table, self.devices.read(table.names))
+            self._folded = (key, table)
             return table
 
     def snapshot_later(self) -> Callable[[], StateTable]:
@@ -334,7 +363,7 @@ class Store:
         """Names holding samples, without reading any device (device records and CUDA
         timers not yet read count)."""
         with self.lock:
-            held = self.snapshot(devices=False).holds()
+            held = self.folded(devices=False).holds()
             held[sorted(self.devices.recorded_slots())] = True
             held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names
@@ -345,6 +374,7 @@ class Store:
     def reset(self) -> None:
         """Forget every sample; keep rules, names and specs."""
         with self.lock:
+            self._changes += 1
             self.pending.clear()
             self.devices = Devices()
             self.deferred = []
@@ -353,6 +383,7 @@ class Store:
     def absorb(self, rules: SpecTable, table: StateTable) -> None:
         """Merge another Metrics' rules and snapshot in; it counts as one rank."""
         with self.lock:
+            self._changes += 1
             merged = self.rules.copy()
             for key, spec in rules.rules():
                 if merged.rule_for(key) is None:  # a rule both sides have: ours

@@ -1,0 +1,166 @@
+"""Observing again without a record between folds nothing again, and never goes stale.
+
+A ``Metrics`` keeps the fold of its pending samples from one observation to
+the next while nothing changes (``Store.folded``). The oracle for staleness is
+a fresh ``Metrics`` that replays the same operations and is observed once:
+every observation of the cached one must equal it exactly, whatever
+recording path, reset or merge came between.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import metricsync as ms
+import metricsync._store as store_module
+
+torch = pytest.importorskip("torch")
+
+SPECS = {
+    "a": ms.Spec(),
+    "b": ms.Spec(("mean", "max", "p50")),
+    "c": ms.Spec("last"),
+    "d": ms.Spec("std", nan="ignore"),
+    "e": ms.Spec("sum", across="mean"),
+}
+NAMES = [*sorted(SPECS), "f"]  # "f" has no spec: a weighted mean
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+name = st.sampled_from(NAMES)
+record_ops = st.one_of(
+    st.tuples(st.just("num"), name, finite),
+    st.tuples(st.just("weighted"), st.sampled_from(["a", "f"]), finite, st.floats(0, 10)),
+    st.tuples(st.just("array"), name, st.lists(finite, min_size=1, max_size=12)),
+    st.tuples(st.just("masked"), st.sampled_from(["a", "b"]), st.integers(0, 2**31)),
+    st.tuples(st.just("tensor0d"), name, finite),
+    st.tuples(st.just("update"), name, finite),
+    st.tuples(st.just("merge"), name, finite),
+    st.tuples(st.just("reset")),
+)
+observe_ops = st.tuples(
+    st.just("observe"), st.sampled_from(["compute", "names", "bytes", "sync", "copy", "pickle"])
+)
+programs = st.lists(st.one_of(record_ops, observe_ops), min_size=1, max_size=30)
+
+
+def _apply(m: ms.Metrics, op: tuple) -> None:
+    kind = op[0]
+    if kind == "num":
+        m.record(op[1], op[2])
+    elif kind == "weighted":
+        m.record(op[1], op[2], weight=op[3])
+    elif kind == "array":
+        m.record(op[1], np.array(op[2]))
+    elif kind == "masked":  # a per-token CPU tensor large enough for the masked path
+        rng = np.random.default_rng(op[2])
+        values = torch.from_numpy(rng.normal(size=(2, 300)))
+        m.record(op[1], values, mask=torch.from_numpy(rng.random((2, 300)) < 0.5))
+    elif kind == "tensor0d":
+        m.record(op[1], torch.tensor(op[2], dtype=torch.float64))
+    elif kind == "update":
+        m.update({op[1]: op[2]})
+    elif kind == "merge":
+        other = ms.Metrics(SPECS)
+        other.record(op[1], op[2])
+        m.merge(other)
+    elif kind == "reset":
+        m.reset()
+
+
+def _observe(m: ms.Metrics, how: str) -> object:
+    if how == "names":
+        return m.names
+    if how == "bytes":
+        return ms.Metrics.from_bytes(m.to_bytes()).compute()
+    if how == "sync":
+        return m.sync().compute()
+    if how == "copy":
+        return m.copy().compute()
+    if how == "pickle":
+        return pickle.loads(pickle.dumps(m)).compute()
+    return m.compute()
+
+
+def _check(program: list[tuple]) -> None:
+    """Run ``program`` on one Metrics; each observation must equal a fresh replay's."""
+    m = ms.Metrics(SPECS)
+    done: list[tuple] = []
+    for op in program:
+        if op[0] != "observe":
+            _apply(m, op)
+            done.append(op)
+            continue
+        fresh = ms.Metrics(SPECS)
+        for earlier in done:
+            _apply(fresh, earlier)
+        np.testing.assert_equal(_observe(m, op[1]), _observe(fresh, op[1]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs)
+def test_every_observation_equals_a_fresh_replay(program: list[tuple]) -> None:
+    _check([*program, ("observe", "compute")])
+
+
+def test_observing_again_folds_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    folds = []
+    real = store_module.fold
+
+    def counting(*args: object, **kwargs: object) -> object:
+        folds.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "fold", counting)
+    m = ms.Metrics(SPECS)
+    m.record("a", 1.0)
+    m.record("b", [3.0, 4.0])
+    first = m.compute()
+    assert len(folds) == 1
+    assert m.compute() == first and m.sync().compute() == first
+    m.to_bytes(), m.names, m.copy()
+    assert len(folds) == 1  # every observation read the same fold
+    m.record("a", 3.0)  # the lock-free path: no change counted, a longer buffer
+    assert m.compute()["a"] == 2.0
+    assert len(folds) == 2
+    m.reset()
+    assert m.compute() == {}
+    m.record("b", 5.0)
+    assert m.compute() == {"b/mean": 5.0, "b/max": 5.0, "b/p50": pytest.approx(5.0, rel=0.01)}
+
+
+def test_a_copy_handed_out_is_the_callers_to_change() -> None:
+    m = ms.Metrics(SPECS)
+    m.record("a", 1.0)
+    before = m.compute()
+    c = m.copy()
+    c.record("a", 100.0)  # changes the copy, not the fold the original keeps
+    c.merge(m)
+    assert m.compute() == before
+    assert c.compute() == {"a": pytest.approx(34.0)}
+
+
+PATH_OPS = {
+    "num": lambda x: ("num", "b", x),
+    "weighted": lambda x: ("weighted", "f", x, 2.0),
+    "array": lambda x: ("array", "b", [x, x + 1.0]),
+    "masked": lambda x: ("masked", "a", int(x)),
+    "tensor0d": lambda x: ("tensor0d", "d", x),
+    "update": lambda x: ("update", "a", x),
+    "merge": lambda x: ("merge", "e", x),
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATH_OPS))
+def test_each_recording_path_after_an_observation(path: str) -> None:
+    """Record, observe, record again by the same path (its fast path by now), observe;
+    then the same after a reset, which brings the buffers back to the same lengths."""
+    make = PATH_OPS[path]
+    program = [make(1.0), make(2.0), ("observe", "compute"), make(3.0), ("observe", "sync")]
+    program += [("reset",), make(4.0), make(5.0), ("observe", "compute")]
+    program += [("reset",), make(6.0), make(7.0), ("observe", "compute")]
+    _check(program)
