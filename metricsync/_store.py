@@ -7,7 +7,8 @@ and gives a read-only *snapshot* (table plus everything pending) to
 snapshot changes nothing, so observing a ``Metrics`` mid-step leaves every
 later result bit-for-bit as it would have been (``snapshot_later`` splits it
 in two: what must happen at the call, and the fold, for an async sync's
-worker thread). Every method takes the
+worker thread). The last fold is kept until something is recorded
+(:meth:`Store.folded`), so observing again folds nothing again. Every method takes the
 store's lock; only the Python-number fast path of ``Metrics.record`` (an
 append to a buffer of :mod:`metricsync._pending`) runs without it.
 
@@ -323,8 +324,7 @@ class Store:
             if devices and self.deferred:
                 self._resolve_deferred()
             live = devices and bool(self.devices)
-            # read before the buffers are: a number appended in between makes a miss next time
-            key = (self._changes, live, self.pending.appended())
+            key = self._fold_key(live)
             if self._folded is not None and self._folded[0] == key:
                 return self._folded[1]
             batch = self.pending.take(self.table.index, consume=False)
@@ -338,14 +338,23 @@ class Store:
             self._folded = (key, table)
             return table
 
+    def _fold_key(self, live: bool) -> tuple[int, bool, int]:
+        """What the kept fold must have seen to be current (see :meth:`folded`). Read
+        before the buffers are: a number appended in between makes the next one miss."""
+        return (self._changes, live, self.pending.appended())
+
     def snapshot_later(self) -> Callable[[], StateTable]:
         """:meth:`snapshot` in two halves: what must happen now (CUDA timers read, device
         states copied to the host, a copy of the table, the pending host samples captured
         without a fold) and a function, for another thread, that folds them and returns
-        the same table ``snapshot()`` would have. A device error raises here, as there."""
+        the same table ``snapshot()`` would have (the kept fold itself, read only, when
+        nothing was recorded since it). A device error raises here, as there."""
         with self.lock:
             if self.deferred:
                 self._resolve_deferred()
+            kept = self._folded
+            if kept is not None and kept[0] == self._fold_key(bool(self.devices)):
+                return partial(_same, kept[1])  # nothing recorded since: no capture, no fold
             devices = self.devices.read(self.table.names)
             captured = self.pending.capture()
             table = self.table.copy()  # the live one may gain slots; this one stays
@@ -403,6 +412,10 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
+
+
+def _same(table: StateTable) -> StateTable:
+    return table
 
 
 def _device_inputs(name: str, x: Any, weight: Any, mask: Any) -> tuple[Any, Any]:
