@@ -28,9 +28,11 @@ __all__ = [
     "HOST_DEVICE_TYPES",
     "as_torch",
     "check_tensor",
+    "device_inputs",
     "device_mask",
     "device_weight",
     "host_mask",
+    "host_record",
     "host_values",
     "host_weights",
     "is_torch",
@@ -202,6 +204,39 @@ def host_mask(name: str, mask: object, shape: tuple[int, ...]) -> np.ndarray:
             )
         return flat != 0
     return flat
+
+
+def host_record(
+    name: str, value: Any, weight: object, mask: object, finite: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One host record's samples and weights (a mask's zeros among them), checked;
+    with ``finite`` (``nan="error"``), a non-finite sample of positive weight raises.
+
+    >>> host_record("ent", [1.0, 2.0], None, [True, False], finite=False)
+    (array([1., 2.]), array([ True, False]))
+    """
+    values = host_values(name, value)
+    shape = tuple(value.shape) if is_torch(value) else np.shape(value)
+    w = None if weight is None else host_weights(name, weight, shape)
+    if mask is not None:  # a boolean array; beside a weight, the weight's zeros
+        m = host_mask(name, mask, shape)
+        w = m if w is None else w * m
+    if finite:
+        bad = ~np.isfinite(values) if w is None else ~np.isfinite(values) & (w > 0)
+        if bad.any():
+            raise ValueError(
+                f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
+            )
+    return values, w
+
+
+def device_inputs(name: str, x: Any, weight: Any, mask: Any) -> tuple[Any, Any]:
+    """``x`` checked, and its weight and mask on its device: ``TypeError``/``ValueError``
+    naming the metric for bad input."""
+    check_tensor(name, x)
+    w = None if weight is None else device_weight(name, weight, x)
+    m = None if mask is None else device_mask(name, mask, x)
+    return w, m
 
 
 def device_weight(name: str, weight: Any, x: Any) -> Any:

@@ -29,15 +29,7 @@ import numpy as np
 
 from . import _algebra as al
 from . import _convert
-from ._convert import (
-    as_torch,
-    check_tensor,
-    device_mask,
-    device_weight,
-    host_mask,
-    host_values,
-    host_weights,
-)
+from ._convert import as_torch, device_inputs, host_record, host_values
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
@@ -143,18 +135,7 @@ class Store:
             value = tensor
         with self.lock:
             spec = self.spec(name)
-        values = host_values(name, value)
-        shape = tuple(tensor.shape) if tensor is not None else np.shape(value)
-        w = None if weight is None else host_weights(name, weight, shape)
-        if mask is not None:  # a boolean array; beside a weight, the weight's zeros
-            m = host_mask(name, mask, shape)
-            w = m if w is None else w * m
-        if spec.nan == "error":
-            bad = ~np.isfinite(values) if w is None else ~np.isfinite(values) & (w > 0)
-            if bad.any():
-                raise ValueError(
-                    f"metric {name!r}: non-finite sample {values[bad][0]!r} under nan='error'"
-                )
+        values, w = host_record(name, value, weight, mask, spec.nan == "error")
         return partial(self._apply_host, name, spec, values, w)
 
     def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
@@ -234,7 +215,7 @@ class Store:
     def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
         with self.lock:
             spec = self.spec(name)
-        return partial(self._apply_device, name, spec, x, *_device_inputs(name, x, weight, mask))
+        return partial(self._apply_device, name, spec, x, *device_inputs(name, x, weight, mask))
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
@@ -255,7 +236,7 @@ class Store:
             lane = self.devices.lane(name, x.device)
             if lane is None:
                 return False
-            w, m = _device_inputs(name, x, weight, mask)
+            w, m = device_inputs(name, x, weight, mask)
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())
             return True
@@ -416,12 +397,3 @@ class Store:
 
 def _same(table: StateTable) -> StateTable:
     return table
-
-
-def _device_inputs(name: str, x: Any, weight: Any, mask: Any) -> tuple[Any, Any]:
-    """``x`` checked, and its weight and mask on its device: ``TypeError``/``ValueError``
-    naming the metric for bad input."""
-    check_tensor(name, x)
-    w = None if weight is None else device_weight(name, weight, x)
-    m = None if mask is None else device_mask(name, mask, x)
-    return w, m
