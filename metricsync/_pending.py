@@ -64,9 +64,18 @@ class StampedBuffer(array):  # type: ignore[type-arg,unused-ignore]
     ignore_nan = False
 
     def append(self, value: Any) -> None:
-        array.append(self, value)
-        if not self.ignore_nan or -_FINITE < value < _FINITE:
-            self.stamp = al.now_us()
+        if self.ignore_nan and not -_FINITE < value < _FINITE:
+            array.append(self, value)
+            return
+        # the time first, then the number: a fold between them sees the old numbers with
+        # the new time, and the number landing after it makes the next one fold again (see
+        # Store.folded); in the other order a fold kept between them would keep the old time
+        before, self.stamp = self.stamp, al.now_us()
+        try:
+            array.append(self, value)
+        except BaseException:
+            self.stamp = before
+            raise
 
 
 _EMPTY = array("d")  #: an empty buffer: a slice of it is a new one, made faster than array("d")

@@ -365,6 +365,7 @@ class Store:
         """Forget every sample; keep rules, names and specs."""
         with self.lock:
             self._changes += 1
+            self._folded = None  # its memory too
             self.pending.clear()
             self.devices = Devices()
             self.deferred = []

@@ -240,8 +240,10 @@ def test_the_captured_half_folds_to_the_snapshot_of_the_call(then: str) -> None:
     _record_every_kind(m, rng, 50)
     store.flush()  # some samples in the table already, the rest pending
     _record_every_kind(m, rng, 30)
-    want = store.snapshot().compute()
+    # the capture first: a snapshot taken before it would be kept, and the capture would
+    # hand that fold on instead of folding on its own
     later = store.snapshot_later()
+    want = store.snapshot().compute()
     # after the call: more of every kind, buffers that fill and fold (swapped out,
     # never truncated), or a reset; none of it reaches the captured snapshot
     _record_every_kind(m, rng, FAST_LIMIT + 10 if then == "fold" else 20)

@@ -10,6 +10,8 @@ recording path, reset or merge came between.
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
+import metricsync._algebra as al
 import metricsync._store as store_module
+from metricsync._pending import StampedBuffer
 
 torch = pytest.importorskip("torch")
 
@@ -164,3 +168,45 @@ def test_each_recording_path_after_an_observation(path: str) -> None:
     program += [("reset",), make(4.0), make(5.0), ("observe", "compute")]
     program += [("reset",), make(6.0), make(7.0), ("observe", "compute")]
     _check(program)
+
+
+def test_a_fold_kept_during_a_last_record_does_not_outlive_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread observes while a ``last`` number is being recorded, and another
+    Metrics records in between: once the record returns, the kept fold must carry the
+    record's own time, so that a merge picks the number recorded last."""
+    m = ms.Metrics({"c": ms.Spec("last")})
+    other = ms.Metrics({"c": ms.Spec("last")})
+    m.record("c", 1.0)  # opens the buffer: the next number takes the lock-free path
+    real = al.now_us
+    hooked: list[bytes] = []
+
+    def now_us() -> float:
+        if threading.current_thread().name == "recorder" and not hooked:
+            observer = threading.Thread(target=lambda: hooked.append(m.to_bytes()))
+            observer.start()
+            observer.join()
+            time.sleep(0.002)
+            other.record("c", 5.0)  # after the observation, before the record's time
+            time.sleep(0.002)
+        return real()
+
+    monkeypatch.setattr(al, "now_us", now_us)
+    recorder = threading.Thread(target=m.record, args=("c", 2.0), name="recorder")
+    recorder.start()
+    recorder.join()
+    monkeypatch.setattr(al, "now_us", real)
+    assert hooked  # the observation ran inside the record
+    assert m.compute() == {"c": 2.0}
+    assert ms.merge([other, m]).compute() == {"c": 2.0}
+    assert ms.merge([m, other]).compute() == {"c": 2.0}
+
+
+def test_a_number_that_does_not_fit_leaves_a_last_buffers_time_alone() -> None:
+    buf = StampedBuffer("d")
+    buf.append(1.0)
+    stamp = buf.stamp
+    with pytest.raises(OverflowError):
+        buf.append(10**400)  # the time is written first, then taken back
+    assert buf.stamp == stamp and buf.tolist() == [1.0]
