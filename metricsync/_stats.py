@@ -105,9 +105,8 @@ class Plan:
         self.ranks = [(at, col) for at, col in self.ranks if len(at)]
         self.quantile_at = np.flatnonzero(codes == _QUANTILE)
         self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
-        used = set(codes.tolist())
-        self.last = _CODE["last"] in used
-        self.moments = bool(used & {_CODE["var"], _CODE["std"]})
+        self.last = bool((codes == _CODE["last"]).any())
+        self.moments = bool(((codes == _CODE["var"]) | (codes == _CODE["std"])).any())
 
 
 def _plain_stats(cols: np.ndarray, plan: Plan) -> np.ndarray:

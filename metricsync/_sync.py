@@ -164,8 +164,9 @@ def _agree_and_merge(
     state = comm.state
     rank, world, _, _ = group_facts(dist, group)
     layout = state.layout
+    placed = None
     for attempt in range(2):
-        placed = _placement(state, table, layout)
+        placed = _placement(state, table, layout, placed)
         where, mine, covered = placed.where, placed.mine, placed.covered
         flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
         agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
@@ -268,26 +269,53 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
         )
 
 
-def _placement(state: GroupState, table: StateTable, layout: Layout) -> Placement:
-    """Where ``table``'s slots sit in ``layout`` (cached while the table's names stay)."""
+def _placement(
+    state: GroupState, table: StateTable, layout: Layout, before: Placement | None = None
+) -> Placement:
+    """Where ``table``'s slots sit in ``layout`` (cached while the table's names stay).
+
+    ``before``: the same table's placement in another layout; when ``layout`` grew from
+    that one (:meth:`Layout.extended`), only the added names are looked up.
+    """
     key = (table.token, layout.fingerprint)
     hit = state.placed.get(key)
     if hit is not None:
         return hit
-    where = positions(table, layout)
     n = len(table)
-    mine = where < n
-    # specs are canonical: the same object (C loops), or rarely an equal one (checked)
-    at = list(map([*table.specs, None].__getitem__, where.tolist()))
-    held = np.fromiter(map(operator.is_, at, layout.specs), dtype=bool, count=len(at))
-    for i in np.flatnonzero(mine & ~held).tolist():
-        held[i] = at[i] == layout.specs[i]
+    grown = layout.grown
+    if before is not None and grown is not None and grown[0] == before.fingerprint:
+        where, mine, held = _grown_placement(table, layout, before, grown[1])
+    else:
+        where = positions(table, layout)
+        mine = where < n
+        # specs are canonical: the same object (C loops), or rarely an equal one (checked)
+        at = list(map([*table.specs, None].__getitem__, where.tolist()))
+        held = np.fromiter(map(operator.is_, at, layout.specs), dtype=bool, count=len(at))
+        for i in np.flatnonzero(mine & ~held).tolist():
+            held[i] = at[i] == layout.specs[i]
     covered = int(mine.sum()) == n and int(held.sum()) == n
     if len(state.placed) >= 8:
         state.placed.pop(next(iter(state.placed)))
     index = pack_index(n, layout, where) if covered else ()  # only a covered table packs
-    placed = state.placed[key] = Placement(where, mine, held, covered, index)
+    placed = Placement(where, mine, held, covered, index, layout.fingerprint)
+    state.placed[key] = placed
     return placed
+
+
+def _grown_placement(
+    table: StateTable, layout: Layout, before: Placement, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``where``, ``mine`` and ``held`` of ``table`` in ``layout``, grown from the layout
+    ``before`` placed it in by names inserted before positions ``at`` of that one."""
+    n = len(table)
+    added = (at + np.arange(len(at))).tolist()  # the added names' positions in ``layout``
+    slots = [table.index.get(layout.names[i], n) for i in added]
+    held = [s < n and table.specs[s] == layout.specs[i] for s, i in zip(slots, added)]
+    return (
+        np.insert(before.where, at, slots),
+        np.insert(before.mine, at, [s < n for s in slots]),
+        np.insert(before.held, at, held),
+    )
 
 
 def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> np.ndarray:

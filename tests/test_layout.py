@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync._layout import Layout
+from metricsync._layout import GroupState, Layout
+from metricsync._sync import _placement
+from metricsync._table import StateTable
 
 SPECS = [
     ms.Spec("mean"),
@@ -71,3 +73,32 @@ def test_every_rank_extending_alike_agrees_on_the_fingerprint() -> None:
     assert one.fingerprint == two.fingerprint
     other = Layout(base).extended([("zz", SPECS[1]), ("aa", SPECS[2])])
     assert other.fingerprint != one.fingerprint
+
+
+def _table(entries: dict[str, ms.Spec]) -> StateTable:
+    table = StateTable()
+    for name, spec in entries.items():
+        table.slot(name, spec)
+    return table
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=10),
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=10),
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=6),
+)
+def test_a_table_placed_in_a_grown_layout_is_placed_as_from_scratch(
+    start: dict[str, ms.Spec], held: dict[str, ms.Spec], added: dict[str, ms.Spec]
+) -> None:
+    """The oracle: placing the table in the extended layout afresh, every name looked up."""
+    table, old = _table(held), Layout(start.items())
+    new = old.extended(added.items())
+    before = _placement(GroupState(), table, old)
+    grown = _placement(GroupState(), table, new, before)
+    fresh = _placement(GroupState(), table, new)
+    for x, y in [(grown.where, fresh.where), (grown.mine, fresh.mine), (grown.held, fresh.held)]:
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert grown.covered == fresh.covered and grown.fingerprint == new.fingerprint
+    assert len(grown.index) == len(fresh.index)
+    assert all(np.array_equal(x, y) for x, y in zip(grown.index, fresh.index))
