@@ -244,7 +244,9 @@ class Placement:
     held: np.ndarray  # ... with the layout's spec
     covered: bool  # every name of the table is in the layout with the same spec
     index: tuple[np.ndarray, ...]  # where packing reads a covered table (_reduce.pack_index)
-    fingerprint: int = 0  # the layout's
+    fingerprint: int  # the layout's
+    names: list[str]  # the table's names and specs (copies): a table only appends slots,
+    specs: list[Spec]  # so a table they begin has this placement, and more (_placement)
 
 
 _GROUPS: dict[Hashable, GroupState] = {}

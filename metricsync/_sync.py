@@ -36,7 +36,6 @@ collective already ran).
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,20 +47,18 @@ from ._errors import SpecMismatchError, SyncError, with_device_error
 from ._group import comm_device, group_facts, sync_target
 from ._layout import (
     NO_WINDOW,
-    GroupState,
     Layout,
     Placement,
     decode_entries,
     encode_entries,
     group_state,
 )
+from ._placement import place
 from ._reduce import (
     HEADER,
     merge_ranks,
     pack,
     pack_cells,
-    pack_index,
-    positions,
     sum_cells,
     widened,
     within_windows,
@@ -166,7 +163,7 @@ def _agree_and_merge(
     layout = state.layout
     placed = None
     for attempt in range(2):
-        placed = _placement(state, table, layout, placed)
+        placed = place(state, table, layout, placed)
         where, mine, covered = placed.where, placed.mine, placed.covered
         flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
         agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
@@ -267,55 +264,6 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
             f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
             "must start them in the same order, with the same Metrics objects"
         )
-
-
-def _placement(
-    state: GroupState, table: StateTable, layout: Layout, before: Placement | None = None
-) -> Placement:
-    """Where ``table``'s slots sit in ``layout`` (cached while the table's names stay).
-
-    ``before``: the same table's placement in another layout; when ``layout`` grew from
-    that one (:meth:`Layout.extended`), only the added names are looked up.
-    """
-    key = (table.token, layout.fingerprint)
-    hit = state.placed.get(key)
-    if hit is not None:
-        return hit
-    n = len(table)
-    grown = layout.grown
-    if before is not None and grown is not None and grown[0] == before.fingerprint:
-        where, mine, held = _grown_placement(table, layout, before, grown[1])
-    else:
-        where = positions(table, layout)
-        mine = where < n
-        # specs are canonical: the same object (C loops), or rarely an equal one (checked)
-        at = list(map([*table.specs, None].__getitem__, where.tolist()))
-        held = np.fromiter(map(operator.is_, at, layout.specs), dtype=bool, count=len(at))
-        for i in np.flatnonzero(mine & ~held).tolist():
-            held[i] = at[i] == layout.specs[i]
-    covered = int(mine.sum()) == n and int(held.sum()) == n
-    if len(state.placed) >= 8:
-        state.placed.pop(next(iter(state.placed)))
-    index = pack_index(n, layout, where) if covered else ()  # only a covered table packs
-    placed = Placement(where, mine, held, covered, index, layout.fingerprint)
-    state.placed[key] = placed
-    return placed
-
-
-def _grown_placement(
-    table: StateTable, layout: Layout, before: Placement, at: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``where``, ``mine`` and ``held`` of ``table`` in ``layout``, grown from the layout
-    ``before`` placed it in by names inserted before positions ``at`` of that one."""
-    n = len(table)
-    added = (at + np.arange(len(at))).tolist()  # the added names' positions in ``layout``
-    slots = [table.index.get(layout.names[i], n) for i in added]
-    held = [s < n and table.specs[s] == layout.specs[i] for s, i in zip(slots, added)]
-    return (
-        np.insert(before.where, at, slots),
-        np.insert(before.mine, at, [s < n for s in slots]),
-        np.insert(before.held, at, held),
-    )
 
 
 def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> np.ndarray:

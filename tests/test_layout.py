@@ -3,13 +3,16 @@ built from scratch on the union of the entries."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync._layout import GroupState, Layout
-from metricsync._sync import _placement
+from metricsync import _placement
+from metricsync._layout import GroupState, Layout, Placement
+from metricsync._placement import place
 from metricsync._table import StateTable
 
 SPECS = [
@@ -94,11 +97,52 @@ def test_a_table_placed_in_a_grown_layout_is_placed_as_from_scratch(
     """The oracle: placing the table in the extended layout afresh, every name looked up."""
     table, old = _table(held), Layout(start.items())
     new = old.extended(added.items())
-    before = _placement(GroupState(), table, old)
-    grown = _placement(GroupState(), table, new, before)
-    fresh = _placement(GroupState(), table, new)
-    for x, y in [(grown.where, fresh.where), (grown.mine, fresh.mine), (grown.held, fresh.held)]:
+    before = place(GroupState(), table, old)
+    # new names only grow a layout; a replaced spec rebuilds it (placed afresh)
+    grew = new.grown is not None and new.grown[0] == old.fingerprint
+    replaced = any(start.get(name, spec) != spec for name, spec in added.items())
+    assert grew == (new is not old and not replaced)
+    lookup = mock.patch.object(_placement, "_fresh", side_effect=AssertionError("looked up all"))
+    with lookup if grew else mock.patch.object(_placement, "_grown", side_effect=AssertionError):
+        grown = place(GroupState(), table, new, before)
+    _same_placement(grown, place(GroupState(), table, new))
+    assert grown.fingerprint == new.fingerprint
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=10),
+    st.dictionaries(NAMES, st.sampled_from(SPECS), min_size=1, max_size=8),
+    st.dictionaries(NAMES, st.sampled_from(SPECS), min_size=1, max_size=6),
+)
+def test_a_table_placed_again_after_new_slots_is_placed_as_from_scratch(
+    entries: dict[str, ms.Spec], held: dict[str, ms.Spec], more: dict[str, ms.Spec]
+) -> None:
+    """A table that gained slots since its last placement in a layout starts from that
+    placement; the oracle places it afresh. A respec is not an append: placed afresh."""
+    layout, table, state = Layout(entries.items()), _table(held), GroupState()
+    place(state, table, layout)
+    first = sorted(held)[0]
+    respec = first in more and more[first] != held[first]
+    for name, spec in more.items():
+        if name not in held:
+            table.slot(name, spec)
+    if respec:
+        table.respec(table.index[first], more[first])
+    appended = len(table) > len(held) and not respec
+    fresh = mock.patch.object(_placement, "_fresh", side_effect=AssertionError("looked up all"))
+    with (
+        fresh
+        if appended
+        else mock.patch.object(_placement, "_appended", side_effect=AssertionError)
+    ):
+        again = place(state, table, layout)
+    _same_placement(again, place(GroupState(), table, layout))
+
+
+def _same_placement(a: Placement, b: Placement) -> None:
+    for x, y in [(a.where, b.where), (a.mine, b.mine), (a.held, b.held)]:
         assert x.dtype == y.dtype and np.array_equal(x, y)
-    assert grown.covered == fresh.covered and grown.fingerprint == new.fingerprint
-    assert len(grown.index) == len(fresh.index)
-    assert all(np.array_equal(x, y) for x, y in zip(grown.index, fresh.index))
+    assert a.covered == b.covered and a.names == b.names and a.specs == b.specs
+    assert len(a.index) == len(b.index)
+    assert all(np.array_equal(x, y) for x, y in zip(a.index, b.index))
