@@ -142,7 +142,7 @@ class Metrics:
                     if mask is None:
                         if not value.ndim:
                             buf = self._fast[name]
-                            buf.append(value.item())  # host memory: no device read
+                            buf.append(float(value))  # host memory: no device read
                             if len(buf) >= FAST_LIMIT:
                                 self._store.flush()
                             return
