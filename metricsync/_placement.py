@@ -11,6 +11,10 @@ and a miss starts, where it can, from a cached placement:
 - of a table whose names and specs this table's begin with, in the same layout
   (a table only ever appends slots): only the appended names are looked up.
 
+Added names are looked up one by one in Python, every name of a fresh
+placement in C loops, so a shortcut is taken only while the added names are
+fewer than half the layout's (:func:`shortcut`).
+
 >>> from metricsync._spec import Spec
 >>> from metricsync._table import StateTable
 >>> table = StateTable(); table.slot("b", Spec()); table.slot("z", Spec())
@@ -48,7 +52,12 @@ def place(
         return hit
     n = len(table)
     grown = layout.grown
-    if before is not None and grown is not None and grown[0] == before.fingerprint:
+    if (
+        before is not None
+        and grown is not None
+        and grown[0] == before.fingerprint
+        and shortcut(len(grown[1]), len(layout))
+    ):
         where, mine, held = _grown(table, layout, before, grown[1])
     else:
         start = _prefix(state, table, layout)
@@ -64,6 +73,16 @@ def place(
     )
     state.placed[key] = placed
     return placed
+
+
+def shortcut(added: int, size: int) -> bool:
+    """Whether a placement in a layout of ``size`` names starts from a cached one that
+    lacks ``added`` of them (see the module docstring).
+
+    >>> shortcut(1, 100), shortcut(60, 100)
+    (True, False)
+    """
+    return 2 * added < size
 
 
 def _fresh(table: StateTable, layout: Layout) -> _Parts:
@@ -98,6 +117,7 @@ def _prefix(state: GroupState, table: StateTable, layout: Layout) -> Placement |
         if (
             placed.fingerprint == layout.fingerprint
             and 0 < k < len(table)
+            and shortcut(len(table) - k, len(layout))
             and table.names[:k] == placed.names
             and table.specs[:k] == placed.specs
         ):
