@@ -292,15 +292,12 @@ class Store:
 
     def folded(self, devices: bool = True) -> StateTable:
         """The table plus every pending sample, folded (see :meth:`snapshot`): shared, so
-        the caller only reads it.
-
-        It is kept until the store changes, so observing again without a record
-        between (``compute()`` then ``sync()``, a sync then a checkpoint) folds
-        nothing again. A change is either made under the lock, which counts it, or
-        an append to a number buffer by the lock-free path of ``Metrics.record``,
-        which grows the buffers' total length (no other change shrinks it
-        without the lock), so that pair tells whether anything was recorded since.
-        """
+        the caller only reads it. Kept until the store changes, so observing again with
+        no record between (``compute()`` then ``sync()``, a sync then a checkpoint) folds
+        nothing again. A change is made under the lock, which counts it, or is an append
+        to a number buffer by the lock-free path of ``Metrics.record``, which grows the
+        buffers' total length (nothing shrinks it without the lock): that pair tells
+        whether anything was recorded since."""
         with self.lock:
             if devices and self.deferred:
                 self._resolve_deferred()
@@ -353,7 +350,9 @@ class Store:
         """Names holding samples, without reading any device (device records and CUDA
         timers not yet read count)."""
         with self.lock:
-            held = self.folded(devices=False).holds()
+            kept = self._folded  # one with device states serves too: their slots count below
+            fresh = kept is None or kept[0] != self._fold_key(bool(self.devices))
+            held = (self.folded(devices=False) if fresh or kept is None else kept[1]).holds()
             held[sorted(self.devices.recorded_slots())] = True
             held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names

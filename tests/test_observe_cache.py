@@ -137,6 +137,44 @@ def test_observing_again_folds_nothing_again(monkeypatch: pytest.MonkeyPatch) ->
     assert m.compute() == {"b/mean": 5.0, "b/max": 5.0, "b/p50": pytest.approx(5.0, rel=0.01)}
 
 
+def test_names_and_compute_share_a_fold_with_device_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``names`` reads no device, so it folds without device states. Once ``compute()``
+    has kept a fold with them, ``names`` reads that one (device slots count either way)
+    rather than folding again and evicting it."""
+    import metricsync._convert as convert
+
+    fresh = ms.Metrics(SPECS)  # the oracle: the same records on the host path
+    for args in (("a", 1.0), ("b", [2.0, float("nan")]), ("d", float("nan"))):
+        fresh.record(*args)
+    fresh.record("f", 3.0, weight=2.0)
+    want = fresh.compute()
+    monkeypatch.setattr(convert, "HOST_DEVICE_TYPES", frozenset())  # CPU tensors: device path
+    folds, reads = [], []
+    real_fold, real_merge = store_module.fold, store_module.merge_devices
+    monkeypatch.setattr(store_module, "fold", lambda *a, **k: folds.append(1) or real_fold(*a, **k))
+    monkeypatch.setattr(
+        store_module, "merge_devices", lambda *a, **k: reads.append(1) or real_merge(*a, **k)
+    )
+    m = ms.Metrics(SPECS)
+    m.record("a", 1.0)
+    m.record("b", torch.tensor([2.0, float("nan")]))
+    m.record("d", torch.tensor(float("nan")))  # dropped on the device: still a name held
+    m.record("f", 3.0, weight=2.0)
+    first = m.names
+    assert first == ["a", "b", "d", "f"]  # a device record counts, even one a fold drops
+    for _ in range(3):
+        assert m.names == first  # the same, whichever fold it read
+        got = m.compute()
+        assert got.keys() == want.keys()
+        assert all(np.isclose(got[k], want[k], equal_nan=True) for k in want)
+    assert (len(folds), len(reads)) == (2, 1)  # names once without devices, compute once
+    m.record("a", 2.0)
+    assert m.names == ["a", "b", "d", "f"] and m.compute()["a"] == 1.5
+    assert (len(folds), len(reads)) == (4, 2)  # a record: each folds again, once
+
+
 def test_a_copy_handed_out_is_the_callers_to_change() -> None:
     m = ms.Metrics(SPECS)
     m.record("a", 1.0)
