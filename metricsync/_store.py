@@ -1,16 +1,15 @@
 """What a ``Metrics`` holds: spec rules, the state table, pending host samples, device states.
 
-:class:`Store` checks and applies records, folds pending samples into the
-table when their buffers fill (so fold points depend on the records alone),
-and gives a read-only *snapshot* (table plus everything pending) to
-``compute``, ``merge``, ``copy``, ``sync`` and the binary format. Taking a
-snapshot changes nothing, so observing a ``Metrics`` mid-step leaves every
-later result bit-for-bit as it would have been (``snapshot_later`` splits it
-in two: what must happen at the call, and the fold, for an async sync's
-worker thread). The last fold is kept until something is recorded
-(:meth:`Store.folded`), so observing again folds nothing again. Every method takes the
-store's lock; only the Python-number fast path of ``Metrics.record`` (an
-append to a buffer of :mod:`metricsync._pending`) runs without it.
+:class:`Store` checks and applies records, folds pending samples into the table when
+their buffers fill (so fold points depend on the records alone), and gives a read-only
+*snapshot* (table plus everything pending) to ``compute``, ``merge``, ``copy``, ``sync``
+and the binary format. Taking a snapshot changes nothing, so observing a ``Metrics``
+mid-step leaves every later result bit-for-bit as it would have been (``snapshot_later``
+splits it in two: what must happen at the call, and the fold, for an async sync's worker
+thread). The last fold is kept until something is recorded (:meth:`Store.folded`), so
+observing again folds nothing again. Every method takes the store's lock; only the
+Python-number fast path of ``Metrics.record`` (an append to a buffer of
+:mod:`metricsync._pending`) runs without it.
 
 >>> store = Store()
 >>> store.prepare("loss", [1.0, 3.0], None, None)()
@@ -303,8 +302,8 @@ class Store:
                 self._resolve_deferred()
             live = devices and bool(self.devices)
             key = self._fold_key(live)
-            if self._folded is not None and self._folded[0] == key:
-                return self._folded[1]
+            if (kept := self._kept(key)) is not None:
+                return kept
             batch = self.pending.take(self.table.index, consume=False)
             # always a new table: another thread may add slots to the live table while
             # the caller reads this one outside the lock
@@ -321,6 +320,10 @@ class Store:
         before the buffers are: a number appended in between makes the next one miss."""
         return (self._changes, live, self.pending.appended())
 
+    def _kept(self, key: tuple[int, bool, int]) -> StateTable | None:
+        """The kept fold, if it was made with ``key`` (still current)."""
+        return self._folded[1] if self._folded is not None and self._folded[0] == key else None
+
     def snapshot_later(self) -> Callable[[], StateTable]:
         """:meth:`snapshot` in two halves: what must happen now (CUDA timers read, device
         states copied to the host, a copy of the table, the pending host samples captured
@@ -330,9 +333,8 @@ class Store:
         with self.lock:
             if self.deferred:
                 self._resolve_deferred()
-            kept = self._folded
-            if kept is not None and kept[0] == self._fold_key(bool(self.devices)):
-                return partial(_same, kept[1])  # nothing recorded since: no capture, no fold
+            if (kept := self._kept(self._fold_key(bool(self.devices)))) is not None:
+                return partial(_same, kept)  # nothing recorded since: no capture, no fold
             devices = self.devices.read(self.table.names)
             captured = self.pending.capture()
             table = self.table.copy()  # the live one may gain slots; this one stays
@@ -348,11 +350,10 @@ class Store:
 
     def held_names(self) -> list[str]:
         """Names holding samples, without reading any device (device records and CUDA
-        timers not yet read count)."""
+        timers not yet read count, so a kept fold with device states serves as well)."""
         with self.lock:
-            kept = self._folded  # one with device states serves too: their slots count below
-            fresh = kept is None or kept[0] != self._fold_key(bool(self.devices))
-            held = (self.folded(devices=False) if fresh or kept is None else kept[1]).holds()
+            kept = self._kept(self._fold_key(True)) if self.devices else None
+            held = (self.folded(devices=False) if kept is None else kept).holds()
             held[sorted(self.devices.recorded_slots())] = True
             held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names
