@@ -80,8 +80,7 @@ def test_every_rank_extending_alike_agrees_on_the_fingerprint() -> None:
 
 def _table(entries: dict[str, ms.Spec]) -> StateTable:
     table = StateTable()
-    for name, spec in entries.items():
-        table.slot(name, spec)
+    table.slots_of(list(entries), list(entries.values()))
     return table
 
 

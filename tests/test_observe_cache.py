@@ -111,15 +111,21 @@ def test_every_observation_equals_a_fresh_replay(program: list[tuple]) -> None:
     _check([*program, ("observe", "compute")])
 
 
-def test_observing_again_folds_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    folds = []
-    real = store_module.fold
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """A list that gains an item at each call of ``metricsync._store``'s ``name``."""
+    calls: list[int] = []
+    real = getattr(store_module, name)
 
     def counting(*args: object, **kwargs: object) -> object:
-        folds.append(1)
+        calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store_module, "fold", counting)
+    monkeypatch.setattr(store_module, name, counting)
+    return calls
+
+
+def test_observing_again_folds_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    folds = _count_calls(monkeypatch, "fold")
     m = ms.Metrics(SPECS)
     m.record("a", 1.0)
     m.record("b", [3.0, 4.0])
@@ -151,12 +157,8 @@ def test_names_and_compute_share_a_fold_with_device_records(
     fresh.record("f", 3.0, weight=2.0)
     want = fresh.compute()
     monkeypatch.setattr(convert, "HOST_DEVICE_TYPES", frozenset())  # CPU tensors: device path
-    folds, reads = [], []
-    real_fold, real_merge = store_module.fold, store_module.merge_devices
-    monkeypatch.setattr(store_module, "fold", lambda *a, **k: folds.append(1) or real_fold(*a, **k))
-    monkeypatch.setattr(
-        store_module, "merge_devices", lambda *a, **k: reads.append(1) or real_merge(*a, **k)
-    )
+    folds = _count_calls(monkeypatch, "fold")
+    reads = _count_calls(monkeypatch, "merge_devices")
     m = ms.Metrics(SPECS)
     m.record("a", 1.0)
     m.record("b", torch.tensor([2.0, float("nan")]))
