@@ -208,13 +208,20 @@ class Runs:
             self.array_stamp.append(now)
 
     def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
+        """Add the numbers of number buffers ``bufs`` (read in one call), of slots
         ``slots``, stamped ``stamps``; return how many each holds."""
-        data = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
-        counts = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) >> 3
+        # One copy: ``join`` reads the arrays themselves and, as they are mutable, holds the
+        # GIL throughout, so no append lands midway. One may land between the lengths and
+        # the join: then the total disagrees, and each buffer is copied once and measured.
+        counts = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
+        data = b"".join(bufs)
+        if len(data) != 8 * int(counts.sum()):
+            copies = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
+            counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
+            data = b"".join(copies)
         held = counts > 0
         if held.any():
-            self.bulk.append((b"".join(data), counts[held], slots[held], stamps[held]))
+            self.bulk.append((data, counts[held], slots[held], stamps[held]))
         return counts
 
     def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:

@@ -19,6 +19,7 @@ import importlib.util
 import subprocess
 import sys
 import threading
+from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -207,3 +208,27 @@ def test_recording_while_another_thread_imports_torch() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) > 0
+
+
+class _AppendedMeanwhile(array):  # type: ignore[type-arg,unused-ignore]
+    """A number buffer whose length is read before a number lands: its last number is
+    one the fold's length count missed (an append between the count and the copy)."""
+
+    def __len__(self) -> int:
+        return max(array.__len__(self) - 1, 0)
+
+
+def test_a_number_appended_while_buffers_are_read_is_counted() -> None:
+    from metricsync._runs import Runs
+
+    plain = [array("d", [1.0, 2.0]), array("d"), array("d", [3.0])]
+    bufs = [*plain[:2], _AppendedMeanwhile("d", [3.0, 4.0, 5.0])]
+    runs = Runs()
+    counts = runs.read_bulk(bufs, np.arange(3), np.zeros(3))
+    assert counts.tolist() == [2, 0, 3]  # every number, the late one too
+    [(data, held, slots, _)] = runs.bulk
+    assert np.frombuffer(data).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert held.tolist() == [2, 3] and slots.tolist() == [0, 2]
+    runs = Runs()  # without a late number: one read, the same numbers
+    assert runs.read_bulk(plain, np.arange(3), np.zeros(3)).tolist() == [2, 0, 1]
+    assert np.frombuffer(runs.bulk[0][0]).tolist() == [1.0, 2.0, 3.0]
