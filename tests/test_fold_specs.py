@@ -43,3 +43,13 @@ def test_an_extended_info_covers_specs_the_prefix_never_had() -> None:
     grown = spec_info([POOL[0]] * 3 + [POOL[2], POOL[1]], key=object())
     assert grown.sketch.tolist() == [False, False, False, True, False]
     assert grown.ignore.tolist() == [False, False, False, False, True]
+
+
+def test_a_table_of_the_same_specs_takes_the_latest_info_as_it_is() -> None:
+    specs = [POOL[i % len(POOL)] for i in range(20)]
+    first = spec_info(specs, key=object())
+    assert spec_info(list(specs), key=object()) is first  # another table, the same specs
+    other = [*specs[:-1], POOL[0] if specs[-1] is not POOL[0] else POOL[1]]
+    changed = spec_info(other, key=object())
+    assert changed is not first
+    _same(changed, SpecInfo(other))

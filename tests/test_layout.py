@@ -147,3 +147,27 @@ def _same_placement(a: Placement, b: Placement) -> None:
     assert a.covered == b.covered and a.names == b.names and a.specs == b.specs
     assert len(a.index) == len(b.index)
     assert all(np.array_equal(x, y) for x, y in zip(a.index, b.index))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(NAMES, st.sampled_from(SPECS), max_size=10),
+    st.dictionaries(NAMES, st.sampled_from(SPECS), min_size=1, max_size=8),
+    st.sampled_from(SPECS),
+)
+def test_a_table_of_the_same_slots_takes_the_cached_placement(
+    entries: dict[str, ms.Spec], held: dict[str, ms.Spec], other: ms.Spec
+) -> None:
+    """A ``Metrics`` made anew with the same names and specs: another table, the same
+    placement, nothing looked up. The oracle places it afresh; a table whose last
+    slot has another spec is not the same, and gets its own placement."""
+    layout, state = Layout(entries.items()), GroupState()
+    first = place(state, _table(held), layout)
+    nothing = mock.patch.object(_placement, "_fresh", side_effect=AssertionError("looked up"))
+    with nothing, mock.patch.object(_placement, "_appended", side_effect=AssertionError):
+        again = place(state, _table(held), layout)
+    assert again is first
+    _same_placement(again, place(GroupState(), _table(held), layout))
+    last = list(held)[-1]
+    changed = _table({**held, last: other})
+    _same_placement(place(state, changed, layout), place(GroupState(), changed, layout))
