@@ -33,6 +33,7 @@ __all__ = [
     "device_weight",
     "host_mask",
     "host_record",
+    "host_scalar",
     "host_values",
     "host_weights",
     "is_torch",
@@ -161,6 +162,22 @@ def _tensor_array(name: str, t: Any, role: str) -> np.ndarray:
         t = t.resolve_neg()
     arr: np.ndarray = t.numpy()
     return arr
+
+
+def host_scalar(name: str, t: Any) -> float:
+    """The number a 0-d host tensor holds: ``float()`` reads it without the numpy view
+    :func:`host_values` makes (the same number); ``TypeError`` naming the metric for a
+    tensor of no real numbers.
+
+    >>> import torch
+    >>> host_scalar("x", torch.tensor(3, dtype=torch.int8)), host_scalar("x", torch.tensor(True))
+    (3.0, 1.0)
+    """
+    check_tensor(name, t)
+    try:
+        return float(t)
+    except (TypeError, RuntimeError):  # a dtype ``float()`` cannot read: through numpy
+        return float(host_values(name, t)[0])
 
 
 def host_values(name: str, value: object) -> np.ndarray:

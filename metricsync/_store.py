@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _algebra as al
 from . import _convert
-from ._convert import as_torch, device_inputs, host_record, host_values
+from ._convert import as_torch, device_inputs, host_record, host_scalar
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
@@ -130,7 +130,7 @@ class Store:
             if not (tensor.is_cpu and "cpu" in host) and tensor.device.type not in host:
                 return self._prepare_device(name, tensor, weight, mask)
             if weight is None and mask is None and tensor.dim() == 0:
-                return self.prepare(name, float(host_values(name, tensor)[0]), None, None)
+                return self.prepare(name, host_scalar(name, tensor), None, None)
             value = tensor
         with self.lock:
             spec = self.spec(name)

@@ -355,3 +355,28 @@ def test_many_names_against_many_globs_is_not_quadratic() -> None:
         merged = ms.Metrics.from_bytes(m.to_bytes()).merge(m.copy())
     assert merged.compute()[f"g{n - 1}/x"] == n - 1
     assert calls[0] <= 10 * n  # a glob or two per name, not every glob per name (4,000,000)
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    "dtype",
+    ["float64", "float32", "float16", "bfloat16", "int8", "int32", "int64", "uint8", "bool"],
+)
+def test_a_0d_tensor_reads_as_numpy_reads_it_first_and_later(dtype: str) -> None:
+    """A name's first 0-d tensor takes the checked path, later ones the fast path; both
+    read the number numpy reads (narrow floats through float32, as the array path)."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    raw = [0.1, -2.5, 3.0e4, 1.0, 0.0] if dt.is_floating_point else [-7, 100, 2**53 + 1, 1, 0]
+    wide = torch.float64 if dt.is_floating_point else torch.int64
+    values = [torch.tensor(v, dtype=wide).to(dt) for v in raw if dt != torch.bool or v in (0, 1)]
+    for t in values:
+        narrow = t.is_floating_point() and t.element_size() < 4
+        want = float((t.float() if narrow else t).numpy())
+        m = ms.Metrics({"x": ms.Spec(("sum", "last"))})
+        m.record("x", t)
+        first = m.compute()
+        m.record("x", t.requires_grad_(True) if t.is_floating_point() else t)
+        assert first == {"x/sum": want, "x/last": want}, (dtype, t)
+        assert m.compute() == {"x/sum": 2 * want, "x/last": want}, (dtype, t)
