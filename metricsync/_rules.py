@@ -34,7 +34,7 @@ class _GlobIndex:
     (Spec('sum'), Spec('max'), Spec('min'), Spec('min'))
     """
 
-    __slots__ = ("buckets", "lengths")
+    __slots__ = ("buckets", "lengths", "memo")
 
     def __init__(self, globs: dict[str, Spec]) -> None:
         ordered = sorted(globs.items(), key=lambda kv: (-len(kv[0]), kv[0]))
@@ -45,9 +45,21 @@ class _GlobIndex:
             buckets.setdefault(prefix, []).append((rank, pattern, spec))
         self.buckets = buckets
         self.lengths = sorted({len(prefix) for prefix in buckets})
+        self.memo: dict[str, Spec | None] = {}  # name -> its match (bounded, see match)
 
     def match(self, name: str) -> Spec | None:
-        """The spec of the first glob in resolution order that matches ``name``."""
+        """The spec of the first glob in resolution order that matches ``name``
+        (remembered: the ``Metrics`` of equal rules share an index, see :func:`_indexed`)."""
+        try:
+            return self.memo[name]
+        except KeyError:
+            best = self._match(name)
+        if len(self.memo) >= _MEMO_LIMIT:  # a bound, should a program make endless names
+            self.memo.clear()
+        self.memo[name] = best
+        return best
+
+    def _match(self, name: str) -> Spec | None:
         best_rank, best = -1, None
         for n in self.lengths:
             if n > len(name):
@@ -64,7 +76,25 @@ class _GlobIndex:
         return best
 
 
+_MEMO_LIMIT = 4096
 _NO_GLOBS = _GlobIndex({})
+_INDEXES: dict[frozenset[tuple[str, Spec]], _GlobIndex] = {}
+
+
+def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
+    """The index of ``globs``, shared by every table of the same globs: a ``Metrics`` made
+    anew each step resolves its names as the one before did, from the memo.
+
+    >>> _indexed({"t/*": Spec("max")}) is _indexed({"t/*": Spec("max")})
+    True
+    """
+    key = frozenset(globs.items())
+    index = _INDEXES.get(key)
+    if index is None:
+        if len(_INDEXES) >= 64:  # a bound, should a program make endless rule sets
+            _INDEXES.clear()
+        index = _INDEXES[key] = _GlobIndex(globs)
+    return index
 
 
 class SpecTable:
@@ -132,7 +162,7 @@ class SpecTable:
         return True
 
     def _sort_globs(self) -> None:
-        self._glob_index = _GlobIndex(self._globs)
+        self._glob_index = _indexed(self._globs)
 
     def resolve(self, name: str) -> Spec:
         """The spec for ``name``: exact rule, else the longest matching glob, else ``Spec()``."""
