@@ -150,9 +150,13 @@ class Comm:
         if self.exchange and 1 < world <= EXCHANGE_MAX:
             # gloo: every rank sends its array to every other rank at once (an all-to-all
             # of it repeated), where gloo's all_gather passes the arrays around a ring in
-            # world - 1 steps; each rank puts the same bytes on the wire, in less time
+            # world - 1 steps; each rank puts the same bytes on the wire, in less time.
+            # Host arrays are repeated by numpy: a torch op costs more around the copy
             spread = self.dist.all_to_all_single
-            self._wait(self._start(spread, what, out, mine.repeat(world)), what)
+            copies = (
+                self._tensor(np.concatenate([array] * world)) if self.host else mine.repeat(world)
+            )
+            self._wait(self._start(spread, what, out, copies), what)
         else:
             gather = (
                 getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
