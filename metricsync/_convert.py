@@ -174,6 +174,8 @@ def host_scalar(name: str, t: Any) -> float:
     (3.0, 1.0)
     """
     check_tensor(name, t)
+    if t.requires_grad:  # float() of a tensor in a graph warns; a metric reads it apart
+        t = t.detach()
     try:
         return float(t)
     except (TypeError, RuntimeError):  # a dtype ``float()`` cannot read: through numpy

@@ -142,6 +142,8 @@ class Metrics:
                     if mask is None:
                         if not value.ndim:
                             buf = self._fast[name]
+                            if value.requires_grad:  # float() of it would warn
+                                value = value.detach()
                             buf.append(float(value))  # host memory: no device read
                             if len(buf) >= FAST_LIMIT:
                                 self._store.flush()

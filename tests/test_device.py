@@ -391,3 +391,28 @@ def test_recording_a_large_masked_tensor_makes_no_call_per_element() -> None:
         counts.append(_python_calls(lambda x=x, mask=mask: m.record("ent", x, mask=mask)))
         assert m.compute()["ent/max"] == float(x[mask].max())
     assert counts[1] <= counts[0] + 5
+
+
+_GRAD_SCALARS = """
+import warnings
+import torch
+import metricsync as ms
+
+warnings.simplefilter("error")  # torch warns once a process: a fresh one sees every warning
+m = ms.Metrics()
+loss = (torch.tensor(1.5, requires_grad=True) * 2).sum()
+m.record("loss", loss)  # a name's first record
+m.record("loss", loss * 2)  # the fast path
+m.update({"kl": loss})
+assert m.compute() == {"loss": 4.5, "kl": 3.0}, m.compute()
+"""
+
+
+def test_recording_a_0d_tensor_in_a_graph_warns_nothing() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _GRAD_SCALARS], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
