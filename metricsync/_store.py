@@ -142,15 +142,18 @@ class Store:
             self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)
+            most = MASKED_MAX if w is not None and w.dtype == _BOOL else ARRIVAL_MIN
+            if most == MASKED_MAX:  # a mask alone: its kept samples, as add_masked keeps them
+                values, w = values[w], None
             n = len(values)
             if not n:
                 return
             if n == 1 and w is not None:  # a weighted number: its next ones take the fast path
                 self.pending.open_weighted(name, spec)
             stamp = al.now_us()
-            if not self.pending.fits(n if n <= ARRIVAL_MIN else 0):
+            if not self.pending.fits(n if n <= most else 0):
                 self.flush()
-            if n > ARRIVAL_MIN:  # a few reductions now cost less than keeping every sample
+            if n > most:  # a few reductions now cost less than keeping every sample
                 row, cells = reduce_record(values, w, spec, stamp)
                 self.pending.add_row(slot, row, cells, stamp)
             elif w is not None or not self.pending.extend(name, values):
@@ -334,7 +337,7 @@ class Store:
             if self.deferred:
                 self._resolve_deferred()
             if (kept := self._kept(self._fold_key(bool(self.devices)))) is not None:
-                return partial(_same, kept)  # nothing recorded since: no capture, no fold
+                return lambda: kept  # nothing recorded since: no capture, no fold
             devices = self.devices.read(self.table.names)
             captured = self.pending.capture()
             table = self.table.copy()  # the live one may gain slots; this one stays
@@ -394,7 +397,3 @@ class Store:
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)
-
-
-def _same(table: StateTable) -> StateTable:
-    return table

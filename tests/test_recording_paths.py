@@ -1,9 +1,9 @@
 """Every recording path gives the same statistics, and numpy's over the raw samples.
 
 The paths: Python numbers (the lock-free buffers), small arrays (buffered),
-large arrays (reduced when recorded), CPU tensors (numpy views, ``float()``
-for 0-d) and the accelerator path (CPU treated as an accelerator: a device
-buffer folded by segment reductions). Hypothesis draws the samples, weights,
+large arrays (reduced when recorded; under a mask alone, up to 4,096 kept samples
+are buffered), CPU tensors (numpy views, ``float()`` for 0-d) and the accelerator
+path (CPU treated as an accelerator: a device buffer folded by segment reductions). Hypothesis draws the samples, weights,
 masks, NaN and the spec, including ``ddof``, quantiles and NaN policies.
 """
 
@@ -33,8 +33,10 @@ def cases(draw: st.DrawFn) -> tuple[ms.Spec, list[tuple[np.ndarray, np.ndarray |
     spec = ms.Spec(stats, nan=nan, ddof=draw(st.sampled_from([0, 1])))
     records = []
     for _ in range(draw(st.integers(1, 5))):
-        big = draw(st.booleans())
-        n = draw(st.integers(300, 600)) if big else draw(st.integers(1, 12))
+        # small arrays are buffered, big ones reduced when recorded; a mask alone keeps its
+        # samples buffered up to 4,096 of them (huge: 60% of 4,000-9,000 straddles that)
+        size = draw(st.sampled_from([(1, 12), (300, 600), (4000, 9000)]))
+        n = draw(st.integers(*size))
         seed = draw(st.integers(0, 2**31))
         rng = np.random.default_rng(seed)
         x = rng.normal(10.0, 3.0, size=n)
@@ -215,3 +217,30 @@ def test_names_added_between_observations_fold_with_the_right_slots() -> None:
                 assert got[name] == pytest.approx(want)
             else:
                 assert got[name] == pytest.approx(np.mean(values))
+
+
+def test_a_masked_array_keeps_its_samples_buffered_up_to_the_masked_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mask alone on the general path (a numpy array, a name's first tensor) buffers the
+    kept samples as a masked CPU tensor's later records do; more than 4,096 are reduced
+    when recorded. Counted: the reductions made on arrival."""
+    import metricsync._store as store
+
+    reduced: list[int] = []
+    original = store.reduce_record
+    monkeypatch.setattr(
+        store, "reduce_record", lambda x, *a: reduced.append(len(x)) or original(x, *a)
+    )
+    x = np.arange(10_000.0)
+    m = ms.Metrics({"v": ms.Spec(("mean", "max", "p50"))})
+    # the name's first record (a tensor), then a numpy array: 450 and 334 kept, buffered
+    m.record("v", torch.from_numpy(x[:900]), mask=torch.from_numpy(x[:900] % 2 == 0))
+    m.record("v", x[:1000], mask=x[:1000] % 3 == 0)
+    assert reduced == []
+    m.record("v", x, mask=x % 2 == 0)  # 5,000 kept: reduced now
+    assert reduced == [5000]
+    kept = np.concatenate([x[:900][x[:900] % 2 == 0], x[:1000][x[:1000] % 3 == 0], x[::2]])
+    got = m.compute()
+    assert got["v/mean"] == pytest.approx(kept.mean(), rel=1e-12)
+    assert got["v/max"] == kept.max()
