@@ -42,7 +42,7 @@ __all__ = ["Store"]
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
-MASKED_MAX = 4096  #: masked tensors keeping at most this many samples buffer them
+MASKED_MAX = 4096  #: a record under a mask alone buffers at most this many kept samples
 
 
 class Store:
