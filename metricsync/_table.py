@@ -276,12 +276,16 @@ class StateTable:
 
     def plan(self) -> Plan:
         """The output keys of this table's metrics (cached until a slot changes, and shared
-        by the tables of the same token: copies build it once between them)."""
+        by the tables of the same token: copies build it once between them; a table of the
+        same names and specs, as a ``Metrics`` made anew each step has, takes the latest)."""
         plan = self._current_plan()
         if plan is None:
             plan = _PLANS.get(self.token)
             if plan is None or plan.n != len(self.names):
-                plan = Plan(self.names, self.specs)
+                with _PLANS_LOCK:
+                    plan = next(reversed(_PLANS.values()), None)
+                if plan is None or plan.names != self.names or plan.specs != self.specs:
+                    plan = Plan(self.names, self.specs)
                 with _PLANS_LOCK:  # copies are read on several threads (async syncs)
                     while len(_PLANS) >= 8:
                         _PLANS.pop(next(iter(_PLANS)))

@@ -53,3 +53,25 @@ def test_a_table_of_the_same_specs_takes_the_latest_info_as_it_is() -> None:
     changed = spec_info(other, key=object())
     assert changed is not first
     _same(changed, SpecInfo(other))
+
+
+def test_a_table_of_the_same_names_and_specs_takes_the_latest_plan() -> None:
+    """A ``Metrics`` made anew each step: its table has a new token, the same names and
+    specs, and takes the plan the last one built; a table whose last spec differs gets its
+    own, with its own keys."""
+    from metricsync._table import StateTable
+
+    names = [f"m{i}" for i in range(12)]
+    specs = [POOL[i % len(POOL)] for i in range(12)]
+
+    def table(specs: list[ms.Spec]) -> StateTable:
+        t = StateTable()
+        t.slots_of(names, specs)
+        return t
+
+    first = table(specs).plan()
+    assert table(list(specs)).plan() is first
+    other = [*specs[:-1], ms.Spec(("p50", "count"))]
+    changed = table(other).plan()
+    assert changed is not first
+    assert changed.keys[-2:] == ["m11/p50", "m11/count"] and first.keys[-1] != "m11/count"
