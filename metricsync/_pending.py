@@ -54,6 +54,7 @@ __all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "HostPending"]
 FAST_LIMIT = 4096  #: numbers a name buffers before a fold
 CHUNK_LIMIT = 1 << 16  #: array samples buffered before a fold; larger arrays fold at once
 _RECORD_LIMIT = 1 << 10  #: array records buffered before a fold
+_JOINED_MAX = 64  #: arrays of at most this many samples join their name's number buffer
 _FINITE = float("inf")
 
 
@@ -135,11 +136,17 @@ class HostPending:
 
     def extend(self, name: str, values: np.ndarray, owned: bool = False) -> bool:
         """Keep unweighted array samples (checked, 1-D) of a name with a plain number buffer:
-        a copy (none if ``owned``: a fresh array nobody else holds), listed under the name
-        so that its arrays fold as one run; False when its buffer is not plain (a ``last``
-        metric's keeps the time of its latest number). The caller made room with a fold."""
-        if self.fast.get(name).__class__ is not array:
+        a few join that buffer (where a list of numbers goes, so a name's numbers, lists and
+        small arrays fold as one run), more are kept as a copy (none if ``owned``: a fresh
+        array nobody else holds), listed under the name so that its arrays fold as one run.
+        False when its buffer is not plain (a ``last`` metric's keeps the time of its latest
+        number). The caller made room with a fold."""
+        buf = self.fast.get(name)
+        if buf.__class__ is not array:
             return False
+        if len(values) <= _JOINED_MAX and len(buf) + len(values) <= FAST_LIMIT:
+            buf.frombytes(np.asarray(values, dtype=np.float64).tobytes())  # one C call
+            return True
         kept = values if owned else np.array(values, dtype=np.float64)
         arrays = self._arrays.get(name)
         if arrays is None:

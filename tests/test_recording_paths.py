@@ -244,3 +244,84 @@ def test_a_masked_array_keeps_its_samples_buffered_up_to_the_masked_bound(
     got = m.compute()
     assert got["v/mean"] == pytest.approx(kept.mean(), rel=1e-12)
     assert got["v/max"] == kept.max()
+
+
+FORMS = ["number", "list", "numpy", "ints", "tensor", "0-d", "masked"]
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(FORMS), st.integers(1, 80), st.integers(0, 2**31)), max_size=12
+    ),
+    st.sampled_from([("mean", "min", "max", "count"), ("sum", "std", "p50"), ("mean", "last")]),
+)
+def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
+    records: list[tuple[str, int, int]], stats: tuple[str, ...]
+) -> None:
+    """Numbers, lists, small numpy arrays (floats and ints), CPU tensors, 0-d tensors and
+    masked tensors mixed under one name, the first record of any form: numpy's statistics
+    over the samples, and, but for a ``last`` metric (whose buffer takes numbers only), one
+    run a fold for every record of at most 64 samples and one for the larger arrays."""
+    import metricsync._store as store
+
+    spec = ms.Spec(stats)
+    m = ms.Metrics({"v": spec})
+    runs: list[int] = []
+    original = store.fold
+
+    def counting(batch: Any, *args: Any) -> Any:
+        runs.append(len(batch.slot))
+        return original(batch, *args)
+
+    kept: list[np.ndarray] = []
+    for form, n, seed in records:
+        x = np.random.default_rng(seed).normal(5.0, 2.0, size=n)
+        if form == "number":
+            x = x[:1]
+            m.record("v", float(x[0]))
+        elif form == "list":
+            m.record("v", x.tolist())
+        elif form == "ints":
+            x = np.round(x * 10).astype(np.int64)
+            m.record("v", x)
+        elif form == "numpy":
+            m.record("v", x)
+        elif form == "tensor":
+            m.record("v", torch.from_numpy(x))
+        elif form == "0-d":
+            x = x[:1]
+            m.record("v", torch.tensor(x[0]))
+        else:
+            mask = np.arange(n) % 3 != 0
+            m.record("v", torch.from_numpy(x), mask=torch.from_numpy(mask))
+            x = x[mask]
+        kept.append(x.astype(np.float64))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(store, "fold", counting)
+        got = m.compute()
+    x = np.concatenate([np.empty(0), *kept])
+    if not x.size:
+        assert got == {}
+        return
+    want = {
+        "mean": x.mean(), "min": x.min(), "max": x.max(), "count": float(len(x)),
+        "sum": x.sum(), "std": x.std(), "last": x[-1],
+    }  # fmt: skip
+    for key, stat in zip(spec.output_keys("v"), spec.reduce):
+        if stat == "p50":
+            s = np.sort(x)
+            lo, hi = s[(len(s) - 1) // 2], s[len(s) // 2]
+            assert min(lo * 0.99, lo * 1.01) <= got[key] <= max(hi * 0.99, hi * 1.01), (key, got)
+        else:
+            assert _close(got[key], float(want[stat]), 1e-9), (key, got[key], want[stat])
+    if "last" not in stats:
+        # a list joins the number buffer once the name is open (the lock-free path); as a
+        # name's first record it goes the checked way, as an array of its size does
+        into = [
+            len(k) <= 64 or (f == "list" and i)
+            for i, (k, (f, _, _)) in enumerate(zip(kept, records))
+        ]
+        joined = any(len(k) and j for k, j in zip(kept, into))
+        listed = any(len(k) and not j for k, j in zip(kept, into))
+        assert runs == [int(joined) + int(listed)], (runs, joined, listed)
