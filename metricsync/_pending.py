@@ -307,11 +307,15 @@ class HostPending:
         the array samples. The caller holds the store's lock."""
         now = al.now_us()
         numbers = [(name, old, done, _length(old), now) for name, old, done in self._retired]
-        numbers += [(name, buf, 0, len(buf), now) for name, buf in self.fast.items() if buf]
-        numbers += [(name, pair, 0, _length(pair), now) for name, pair in self.weighted.items()]
         for i, (name, buf, done, n, _) in enumerate(numbers):
             if n > done and isinstance(buf, StampedBuffer):  # its time now, not at the read
                 numbers[i] = (name, buf, done, n, buf.stamp)
+        numbers += [  # the length first, then the time, as above
+            (name, buf, 0, len(buf), buf.stamp if buf.__class__ is StampedBuffer else now)
+            for name, buf in self.fast.items()
+            if buf
+        ]
+        numbers += [(name, pair, 0, _length(pair), now) for name, pair in self.weighted.items()]
         used, wts = self._used, self._wts
         chunk = Chunk(
             used,

@@ -225,6 +225,7 @@ def _record_every_kind(m: ms.Metrics, rng: np.random.Generator, n_numbers: int) 
         m.record("n", v)
     m.record("n", 3.0, weight=2.0)  # a weighted pair
     m.record("lr", float(rng.uniform()))
+    m.record("lr", [float(rng.uniform())])  # later than the number: the last (by its time)
     m.record("q", rng.normal(size=7))  # buffered array samples
     m.record("q", rng.normal(size=1000))  # reduced on arrival
     m.record("q", torch.tensor(float(rng.normal())))  # a 0-d tensor
