@@ -94,9 +94,10 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
             len(latest.keep) <= len(specs) and latest.keep == tuple(specs[: len(latest.keep)])
         ):
             latest = None
-        # the same specs (another table of the same slots): that info as it is
-        info = latest if latest is not None and len(latest.keep) == len(specs) else None
-        info = info or SpecInfo(specs, latest)
+        if latest is not None and len(latest.keep) == len(specs):  # the same: nothing to add
+            info = latest
+        else:
+            info = SpecInfo(specs, latest)
         with _INFO_LOCK:  # folds run on several threads (async syncs)
             while len(_INFO) >= 16:
                 _INFO.pop(next(iter(_INFO)))

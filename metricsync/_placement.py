@@ -9,9 +9,11 @@ and a miss starts, where it can, from a cached placement:
 - of the same table in the layout this one grew from (:meth:`Layout.extended`):
   only the inserted names are looked up;
 - of a table whose names and specs this table's begin with, in the same layout
-  (a table only ever appends slots): only the appended names are looked up. A
-  table with the same names and specs (a ``Metrics`` made anew each step, say)
-  takes that placement as it is.
+  (a table only ever appends slots): only the appended names are looked up.
+
+A table with the same names and specs as another, made in the same order (a
+``Metrics`` made anew each step), has its token (``_table._derived``), so it
+finds that table's placement under its own key.
 
 Added names are looked up one by one in Python, every name of a fresh
 placement in C loops, so a shortcut is taken only while the added names are
@@ -63,9 +65,6 @@ def place(
         where, mine, held = _grown(table, layout, before, grown[1])
     else:
         start = _prefix(state, table, layout)
-        if start is not None and len(start.names) == n:  # another table of the same slots
-            state.placed[key] = start
-            return start
         where, mine, held = (
             _fresh(table, layout) if start is None else _appended(table, layout, start)
         )
@@ -116,13 +115,13 @@ def _grown(table: StateTable, layout: Layout, before: Placement, at: np.ndarray)
 
 
 def _prefix(state: GroupState, table: StateTable, layout: Layout) -> Placement | None:
-    """A cached placement in ``layout`` of a table whose slots ``table`` begins with."""
+    """A cached placement in ``layout`` of a table that ``table`` extends by new slots."""
     for placed in state.placed.values():
         k = len(placed.names)
         if (
             placed.fingerprint == layout.fingerprint
-            and 0 < k <= len(table)
-            and (k == len(table) or shortcut(len(table) - k, len(layout)))
+            and 0 < k < len(table)
+            and shortcut(len(table) - k, len(layout))
             and table.names[:k] == placed.names
             and table.specs[:k] == placed.specs
         ):

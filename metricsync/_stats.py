@@ -96,7 +96,6 @@ class Plan:
             for slot in (np.flatnonzero(quantiled[ids]).tolist() if len(ids) else [])
         }  # slot -> (key position, q)
         self.n = len(names)
-        self.names, self.specs = list(names), list(specs)  # copies: see StateTable.plan
         self.ddof = np.array([spec.ddof for spec in distinct], dtype=np.float64)[ids]
         # what local_values and compute need of the codes, worked out once per plan
         codes = self.codes

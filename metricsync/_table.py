@@ -54,6 +54,22 @@ class Parts:
 
 _PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
 _PLANS_LOCK = threading.Lock()
+_EMPTY = object()  # the token of every table without slots
+_TOKENS: dict[tuple[object, int, str, Spec], object] = {}  # see _derived
+
+
+def _derived(token: object, slot: int, name: str, spec: Spec) -> object:
+    """The token of a table of token ``token`` whose ``slot`` now holds ``name`` with
+    ``spec``: the same for every table that made the same changes from no slots, so
+    tables of the same names and specs (a ``Metrics`` made anew each step) share what is
+    cached by token (the output plan, the fold's spec info, placements in a layout)."""
+    key = (token, slot, name, spec)
+    derived = _TOKENS.get(key)
+    if derived is None:
+        if len(_TOKENS) >= 1 << 16:  # a bound: later tables get new tokens, and rebuild
+            _TOKENS.clear()
+        derived = _TOKENS[key] = object()
+    return derived
 
 
 class StateTable:
@@ -68,7 +84,8 @@ class StateTable:
         self.aggs: dict[int, np.ndarray] = {}
         self._plan: Plan | None = None
         self._shared = False  # names/index/specs are shared with a copy or a sync layout
-        self.token = object()  # stands for these names and specs; replaced when they change
+        # stands for these names and specs (see _derived); replaced when they change
+        self.token = _EMPTY if parts is None else object()
         self._blank = True  # every slot holds the identity state
         if parts is not None:
             self._adopt(parts)
@@ -145,7 +162,7 @@ class StateTable:
 
     def _configure(self, slot: int, spec: Spec) -> None:
         self._plan = None
-        self.token = object()
+        self.token = _derived(self.token, slot, self.names[slot], spec)
         self.sketches.pop(slot, None)
         if spec.needs_sketch:
             self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
@@ -276,16 +293,13 @@ class StateTable:
 
     def plan(self) -> Plan:
         """The output keys of this table's metrics (cached until a slot changes, and shared
-        by the tables of the same token: copies build it once between them; a table of the
-        same names and specs, as a ``Metrics`` made anew each step has, takes the latest)."""
+        by the tables of the same token: copies, and tables of the same names and specs,
+        build it once between them)."""
         plan = self._current_plan()
         if plan is None:
             plan = _PLANS.get(self.token)
             if plan is None or plan.n != len(self.names):
-                with _PLANS_LOCK:
-                    plan = next(reversed(_PLANS.values()), None)
-                if plan is None or plan.names != self.names or plan.specs != self.specs:
-                    plan = Plan(self.names, self.specs)
+                plan = Plan(self.names, self.specs)
                 with _PLANS_LOCK:  # copies are read on several threads (async syncs)
                     while len(_PLANS) >= 8:
                         _PLANS.pop(next(iter(_PLANS)))

@@ -56,9 +56,9 @@ def test_a_table_of_the_same_specs_takes_the_latest_info_as_it_is() -> None:
 
 
 def test_a_table_of_the_same_names_and_specs_takes_the_latest_plan() -> None:
-    """A ``Metrics`` made anew each step: its table has a new token, the same names and
-    specs, and takes the plan the last one built; a table whose last spec differs gets its
-    own, with its own keys."""
+    """A ``Metrics`` made anew each step: its table, made by the same changes, has the
+    same token and takes the plan the last one built; a table whose last spec differs gets
+    its own, with its own keys."""
     from metricsync._table import StateTable
 
     names = [f"m{i}" for i in range(12)]
