@@ -142,9 +142,10 @@ class Store:
             self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)
-            most = MASKED_MAX if w is not None and w.dtype == _BOOL else ARRIVAL_MIN
-            if most == MASKED_MAX:  # a mask alone: its kept samples, as add_masked keeps them
+            masked = w is not None and w.dtype == _BOOL  # a mask alone, no weight
+            if masked:  # its kept samples, under add_masked's bound
                 values, w = values[w], None
+            most = MASKED_MAX if masked else ARRIVAL_MIN
             n = len(values)
             if not n:
                 return
