@@ -104,6 +104,7 @@ class Plan:
         self.ranks = [(np.flatnonzero(codes == c), col) for c, col in _RANK_COLUMNS]
         self.ranks = [(at, col) for at, col in self.ranks if len(at)]
         self.quantile_at = np.flatnonzero(codes == _QUANTILE)
+        self.template: dict[str, float] | None = None  # see compute
         self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
         self.last = bool((codes == _CODE["last"]).any())
         self.moments = bool(((codes == _CODE["var"]) | (codes == _CODE["std"])).any())
@@ -207,7 +208,13 @@ def compute(
     # a metric reports its dropped NaN count when it reports anything or dropped some
     if len(dropped):
         keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
-    if keep.all():
-        return dict(zip(plan.keys, values.tolist()))
+    if keep.all():  # every key: a copy of a dict of them, each value replaced (the copy
+        if plan.template is None:  # comes sized; inserting the keys grows a dict in steps)
+            out = dict(zip(plan.keys, values.tolist()))
+            plan.template = out.copy()  # the plan's first such dict, kept for its keys
+            return out
+        out = plan.template.copy()
+        out.update(zip(plan.keys, values.tolist()))
+        return out
     chosen = np.flatnonzero(keep)
     return dict(zip(map(plan.keys.__getitem__, chosen.tolist()), values[chosen].tolist()))

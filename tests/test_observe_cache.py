@@ -188,6 +188,24 @@ def test_a_copy_handed_out_is_the_callers_to_change() -> None:
     assert c.compute() == {"a": pytest.approx(34.0)}
 
 
+def test_each_compute_returns_a_dict_of_its_own() -> None:
+    """compute() copies a dict of the keys each plan keeps: changing one result, keys
+    and all, changes neither the next result nor its key order."""
+    m = ms.Metrics({"s": ms.Spec(("mean", "max"))})
+    m.record("a", 1.0)
+    m.record("s", 2.0)
+    want = None
+    for observe in [m.compute, m.compute, m.copy().compute, m.compute]:
+        result = observe()
+        want = want or list(result.items())
+        assert list(result.items()) == want
+        result["a"] = -1.0
+        result["new"] = 0.0
+        del result["s/max"]
+    m.record("a", 3.0)  # the same keys, new values
+    assert m.compute() == {"a": 2.0, "s/mean": 2.0, "s/max": 2.0}
+
+
 PATH_OPS = {
     "num": lambda x: ("num", "b", x),
     "weighted": lambda x: ("weighted", "f", x, 2.0),
