@@ -178,7 +178,7 @@ def reduce_record(
         else:
             row[al.W], row[al.S] = w.sum(), np.dot(w, x.astype(np.float64, copy=False))
         if al.MAX in need or al.NEGMIN in need:
-            row[al.MAX], row[al.NEGMIN] = x.max(), -x.min()
+            row[al.MAX], row[al.NEGMIN] = x.max(), -float(x.min())  # -uint8(3) is 253
         if al.LAST in need:
             row[al.LAST], row[al.T] = float(x[-1]), stamp
         if al.M2 in need:

@@ -405,3 +405,41 @@ def test_a_0d_tensor_reads_as_numpy_reads_it_first_and_later(dtype: str) -> None
         m.record("x", t.requires_grad_(True) if t.is_floating_point() else t)
         assert first == {"x/sum": want, "x/last": want}, (dtype, t)
         assert m.compute() == {"x/sum": 2 * want, "x/last": want}, (dtype, t)
+
+
+_INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+
+
+@pytest.mark.parametrize("dtype", _INT_DTYPES)
+@pytest.mark.parametrize("size", [8, 300, 5000])
+@pytest.mark.parametrize("form", ["array", "masked", "weighted", "tensor"])
+def test_integer_samples_at_their_extremes_keep_their_sign(
+    dtype: str, size: int, form: str
+) -> None:
+    """The smallest and largest integers of every dtype, buffered (8 samples) or reduced
+    when recorded (300; 5,000 under a mask), give numpy's statistics of their float64
+    values: a minimum negated in the integers' own dtype wraps (-uint8(3) is 253)."""
+    info = np.iinfo(dtype)
+    low = info.min if info.min < 0 else 3  # -0 does not wrap
+    x = np.resize(np.array([low, info.max, 3, low + 1], dtype=dtype), size)
+    mask = np.ones(size, dtype=bool)
+    mask[1::7] = False
+    weight = np.resize(np.array([1.0, 2.0, 0.5]), size)
+    m = ms.Metrics({"x": ms.Spec(("min", "max", "mean"))})
+    if form == "tensor":
+        torch = pytest.importorskip("torch")
+        if not hasattr(torch, dtype):
+            pytest.skip(f"torch has no {dtype}")
+        m.record("x", torch.from_numpy(x))
+    elif form == "masked":
+        m.record("x", x, mask=mask)
+    elif form == "weighted":
+        m.record("x", x, weight=weight)
+    else:
+        m.record("x", x)
+    kept = x[mask] if form == "masked" else x
+    v = kept.astype(np.float64)
+    w = weight if form == "weighted" else np.ones(len(v))
+    got = m.compute()
+    assert got["x/min"] == v.min() and got["x/max"] == v.max(), (form, size, dtype, got)
+    assert got["x/mean"] == pytest.approx(np.dot(v, w) / w.sum(), rel=1e-12)
