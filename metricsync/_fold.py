@@ -83,7 +83,8 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
     >>> spec_info([Spec("max"), Spec(("mean", "p50"), nan="ignore")]).ignore.tolist()
     [False, True]
     """
-    if key is None:
+    by_id = key is None
+    if by_id:
         key = tuple(map(id, specs))
     info = _INFO.get(key)
     if info is None:
@@ -94,8 +95,8 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
             len(latest.keep) <= len(specs) and latest.keep == tuple(specs[: len(latest.keep)])
         ):
             latest = None
-        if latest is not None and len(latest.keep) == len(specs):  # the same: nothing to add
-            info = latest
+        if latest is not None and len(latest.keep) == len(specs) and not by_id:
+            info = latest  # the same specs, nothing to add (by id, it must keep these ones)
         else:
             info = SpecInfo(specs, latest)
         with _INFO_LOCK:  # folds run on several threads (async syncs)

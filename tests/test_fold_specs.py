@@ -55,6 +55,18 @@ def test_a_table_of_the_same_specs_takes_the_latest_info_as_it_is() -> None:
     _same(changed, SpecInfo(other))
 
 
+def test_an_info_cached_by_identity_keeps_its_own_specs_alive() -> None:
+    """Without a key the cache is keyed by the specs' ids, so the info must hold those
+    very objects: an equal list of other objects that took the latest info would leave
+    its ids free for other specs, which would then find the wrong info under them."""
+    first = [ms.Spec("max"), ms.Spec("min", nan="ignore")]  # not the canonical objects
+    spec_info(first)
+    again = [ms.Spec("max"), ms.Spec("min", nan="ignore")]
+    info = spec_info(again)
+    assert all(kept is spec for kept, spec in zip(info.keep, again, strict=True))
+    _same(info, SpecInfo(again))
+
+
 def test_a_table_of_the_same_names_and_specs_takes_the_latest_plan() -> None:
     """A ``Metrics`` made anew each step: its table, made by the same changes, has the
     same token and takes the plan the last one built; a table whose last spec differs gets
