@@ -443,3 +443,17 @@ def test_integer_samples_at_their_extremes_keep_their_sign(
     got = m.compute()
     assert got["x/min"] == v.min() and got["x/max"] == v.max(), (form, size, dtype, got)
     assert got["x/mean"] == pytest.approx(np.dot(v, w) / w.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("form", ["array", "tensor"])
+def test_boolean_samples_reduced_when_recorded_have_a_min_and_max(form: str) -> None:
+    """Booleans count as 0 and 1; numpy has no negative of a boolean, so a minimum
+    negated as a boolean raised a ``TypeError`` that named no metric."""
+    x = np.arange(300) % 3 == 0
+    value: Any = x
+    if form == "tensor":
+        torch = pytest.importorskip("torch")
+        value = torch.from_numpy(x)
+    m = ms.Metrics({"flags": ms.Spec(("min", "max", "mean"))})
+    m.record("flags", value)
+    assert m.compute() == {"flags/min": 0.0, "flags/max": 1.0, "flags/mean": 100 / 300}
