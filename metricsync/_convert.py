@@ -146,9 +146,20 @@ def _as_array(name: str, value: object, what: str, role: str) -> np.ndarray:
         raise TypeError(
             f"metric {name!r}: cannot read {type(value).__name__} as an array: {exc}"
         ) from None
+    if arr.dtype == object and isinstance(value, (list, tuple)) and _numbers(value):
+        # Python ints beyond int64 (numpy keeps them as objects): floats, as one int is
+        try:
+            return np.array(value, dtype=np.float64)
+        except OverflowError:
+            raise ValueError(f"metric {name!r}: a number does not fit in a float64") from None
     if arr.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"metric {name!r}: expected {what}, got an array of dtype {arr.dtype}")
     return arr
+
+
+def _numbers(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``values`` holds Python numbers only (bool, int, float)."""
+    return all(v.__class__ in (int, float, bool) for v in values)
 
 
 def _tensor_array(name: str, t: Any, role: str) -> np.ndarray:

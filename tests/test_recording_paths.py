@@ -325,3 +325,35 @@ def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
         joined = any(len(k) and j for k, j in zip(kept, into))
         listed = any(len(k) and not j for k, j in zip(kept, into))
         assert runs == [int(joined) + int(listed)], (runs, joined, listed)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1.0, 2**64], (1, 2**64), [-1, 2**63], [1, -(2**70)], [1.0, 2**1100], [1, "x"]],
+    ids=["uint64-overflow", "tuple", "int64-overflow", "negative", "beyond-float64", "str"],
+)
+def test_a_list_of_python_numbers_is_taken_alike_first_and_later(value: Any) -> None:
+    """A name's first list takes the checked path, its later ones the number buffer:
+    either way Python ints beyond int64 are floats (as a single int is), and an int
+    beyond float64 or a non-number raises naming the metric, with nothing recorded."""
+
+    def outcome(opened: bool) -> Any:
+        m = ms.Metrics()
+        if opened:
+            m.record("a", 1.0)  # the name's number buffer exists: the lock-free path
+        try:
+            m.record("a", value)
+        except (TypeError, ValueError) as exc:
+            assert "'a'" in str(exc)
+            assert m.compute() == ({"a": 1.0} if opened else {})
+            return type(exc)
+        return m.compute()["a"]
+
+    first, later = outcome(False), outcome(True)
+    try:
+        floats = [float(v) for v in value]  # what a single record of each would be
+    except (TypeError, ValueError, OverflowError):
+        assert isinstance(first, type) and later is first
+        return
+    assert first == pytest.approx(np.mean(floats), rel=1e-12)
+    assert later == pytest.approx(np.mean([1.0, *floats]), rel=1e-12)
