@@ -299,8 +299,10 @@ class Metrics:
         """Merge ``other`` into this object in place and return it.
 
         Exact and commutative; ``SpecMismatchError`` (and nothing merged) when a
-        name resolves to different specs on the two sides. For ``across``
-        metrics, ``other`` counts as one rank.
+        name either side holds resolves to different specs on the two sides, in
+        either order, as in a sync. A rule the two define apart that no held name
+        resolves through keeps this side's. For ``across`` metrics, ``other``
+        counts as one rank.
         """
         if not isinstance(other, Metrics):
             raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from ._errors import SpecMismatchError
 from ._spec import DEFAULT_SPEC, Spec, canonical
 
-__all__ = ["SpecTable"]
+__all__ = ["SpecTable", "agree"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -50,6 +50,8 @@ class _GlobIndex:
     def match(self, name: str) -> Spec | None:
         """The spec of the first glob in resolution order that matches ``name``
         (remembered: the ``Metrics`` of equal rules share an index, see :func:`_indexed`)."""
+        if not self.buckets:  # no globs: nothing to remember
+            return None
         try:
             return self.memo[name]
         except KeyError:
@@ -123,6 +125,10 @@ class SpecTable:
         yield from self._exact.items()
         yield from self._globs.items()
 
+    def same_as(self, other: SpecTable) -> bool:
+        """Whether ``other`` holds exactly these rules (so it resolves every name alike)."""
+        return self._exact == other._exact and self._globs == other._globs
+
     def rule_for(self, key: str) -> Spec | None:
         """The spec defined for exactly this name or glob, if any."""
         return self._globs.get(key) if self.is_glob(key) else self._exact.get(key)
@@ -189,3 +195,19 @@ class SpecTable:
         twin = SpecTable.__new__(SpecTable)  # a shallow copy, cheaper than copy.copy
         twin.__dict__.update(self.__dict__)
         return twin
+
+
+def agree(name: str, mine: Spec | None, theirs: Spec | None) -> None:
+    """``SpecMismatchError`` when two sides both give ``name`` a spec, and not the same one
+    (None: a side without a say, neither holding the name nor a rule for it).
+
+    >>> agree("x", Spec("max"), None)
+    >>> agree("x", Spec("max"), Spec("sum"))
+    Traceback (most recent call last):
+    ...
+    metricsync.SpecMismatchError: metric 'x' is Spec('max') on one side and Spec('sum') on the other
+    """
+    if mine is not None and theirs is not None and mine != theirs:
+        raise SpecMismatchError(
+            f"metric {name!r} is {mine!r} on one side and {theirs!r} on the other"
+        )

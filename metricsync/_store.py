@@ -33,7 +33,7 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._pending import FAST_LIMIT, HostPending
-from ._rules import SpecTable
+from ._rules import SpecTable, agree
 from ._spec import Spec
 from ._table import StateTable
 
@@ -380,20 +380,20 @@ class Store:
         with self.lock:
             self._changes += 1
             merged = self.rules.copy()
-            for key, spec in rules.rules():
-                if merged.rule_for(key) is None:  # a rule both sides have: ours
+            for key, spec in rules.rules():  # a key both define apart: ours, unless a name
+                if merged.rule_for(key) is None:  # either side holds resolves apart (below)
                     merged.add(key, spec)
             changes = self._rule_changes(merged)
+            # as in a sync: a name either side holds agrees with the other side's slot or rules
+            specs = self.table.specs
             for name, theirs in zip(table.names, table.specs):
-                slot = self.table.index.get(name)
-                if slot is not None:
-                    mine: Spec | None = changes.get(slot, self.table.specs[slot])
-                else:
-                    mine = merged.explicit(name)
-                if mine is not None and mine != theirs:
-                    raise SpecMismatchError(
-                        f"metric {name!r} is {mine!r} on one side and {theirs!r} on the other"
-                    )
+                at = self.table.index.get(name)
+                mine = self.rules.explicit(name) if at is None else changes.get(at, specs[at])
+                agree(name, mine, theirs)
+            if not rules.same_as(self.rules):  # equal rules resolve alike
+                for slot, name in enumerate(self.table.names):
+                    if name not in table.index:
+                        agree(name, changes.get(slot, specs[slot]), rules.explicit(name))
             self._apply_rules(merged, changes)
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):

@@ -288,6 +288,89 @@ def test_plain_statistics_under_any_partition_and_merge_order(
     assert (name in merged) == bool(want)
 
 
+# two sides' rules and records, and whether merging them must raise (None: a key the two
+# define apart that no name either holds resolves through: no conflict, as in a sync, and
+# the merge keeps the absorbing side's rule)
+RULE_CASES = {
+    "a name declared apart, one side holding it": (
+        ({"x": ms.Spec("sum")}, []),
+        ({"x": ms.Spec("max")}, [("x", 1.0), ("x", 2.0)]),
+        True,
+    ),
+    "a name declared apart, neither holding it": (
+        ({"x": ms.Spec("sum")}, []),
+        ({"x": ms.Spec("max")}, []),
+        None,
+    ),
+    "a glob defined apart, no name under it": (
+        ({"timing/*": ms.Spec("max")}, [("loss", 0.0)]),
+        ({"timing/*": ms.Spec("sum")}, [("loss", 1.0)]),
+        None,
+    ),
+    "a glob defined apart": (
+        ({"t/*": ms.Spec("sum")}, []),
+        ({"t/*": ms.Spec("max")}, [("t/a", 3.0)]),
+        True,
+    ),
+    "the same glob, other rules beside it": (
+        ({"t/*": ms.Spec("max")}, [("t/a", 1.0)]),
+        ({"t/*": ms.Spec("max"), "y": ms.Spec("min")}, [("t/a", 4.0), ("y", 2.0)]),
+        False,
+    ),
+    "a held name under another side's glob": (
+        ({"t/a": ms.Spec("max")}, [("t/a", 1.0)]),
+        ({"t/*": ms.Spec("sum")}, [("t/b", 2.0)]),
+        True,
+    ),
+    "a held name under another side's longer glob": (
+        ({"t/*": ms.Spec("sum")}, []),
+        ({"t/a*": ms.Spec("max")}, [("t/ab", 2.0)]),
+        True,
+    ),
+    "a held name given the same spec by another side's rules": (
+        ({"t/a": ms.Spec("max")}, [("t/a", 1.0)]),
+        ({"t/*": ms.Spec("sum"), "t/a": ms.Spec("max")}, [("t/b", 2.0)]),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RULE_CASES))
+def test_rules_merge_the_same_in_either_order(case: str) -> None:
+    """A name either side holds that resolves to another spec on the other side conflicts
+    whichever side absorbs the other (a sync raises on every rank there); otherwise both
+    orders give the same results, and the same rules for later records unless a key is
+    defined apart with no name under it."""
+    (rules_a, recs_a), (rules_b, recs_b), conflict = RULE_CASES[case]
+
+    def side(rules: dict[str, ms.Spec], recs: list[tuple[str, float]]) -> ms.Metrics:
+        m = ms.Metrics(rules)
+        for name, x in recs:
+            m.record(name, x)
+        return m
+
+    results = []
+    for first, second in (
+        ((rules_a, recs_a), (rules_b, recs_b)),
+        ((rules_b, recs_b), (rules_a, recs_a)),
+    ):
+        for merge in (lambda p, q: ms.merge([p, q]), lambda p, q: p.merge(q)):
+            try:
+                merged = merge(side(*first), side(*second))
+            except ms.SpecMismatchError:
+                results.append("SpecMismatchError")
+                continue
+            before = merged.compute()
+            for name in ("t/a", "t/b", "t/c", "x", "y"):
+                merged.record(name, 10.0)  # each later record takes the merged rules
+            later = (merged.compute(), [merged.spec(n) for n in ("t/c", "x", "y")])
+            results.append((before, later if conflict is False else None))
+    if conflict:
+        assert results == ["SpecMismatchError"] * 4
+    else:
+        assert "SpecMismatchError" not in results and all(r == results[0] for r in results)
+
+
 def test_last_follows_record_time_not_merge_order() -> None:
     for reverse in (False, True):
         a, b = ms.Metrics({"lr": ms.Spec("last")}), ms.Metrics({"lr": ms.Spec("last")})
