@@ -103,7 +103,10 @@ class Spec:
             between the two order statistics around ``q * (W - 1)``) or
             ``"inverted_cdf"`` (nearest rank: the first sample whose cumulative
             weight reaches ``q * W``). Either is estimated from the sketch
-            within its relative accuracy.
+            within its relative accuracy. ``"linear"`` depends on the scale of the
+            weights (a total weight of 1 or less gives the minimum);
+            ``"inverted_cdf"`` on their proportions only: use it for normalized
+            or fractional weights.
         argrank: also report ``name/max_rank`` and ``name/min_rank``, the rank
             (in the group of the latest ``sync``) that held the largest and
             smallest sample (lowest rank on ties; under ``nan="propagate"`` a

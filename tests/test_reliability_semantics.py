@@ -554,3 +554,25 @@ def test_no_numpy_warning_escapes_from_sketch_counts_beyond_float64() -> None:
         m.record("x", x, weight=w)  # the cell's count goes past float64: inf
         assert m.compute() == {"x/p50": 1.0, "x/count": math.inf}
         assert m.histograms()["x"].total == math.inf
+
+
+def test_weighted_quantiles_follow_the_documented_weight_semantics() -> None:
+    """docs/definitions.md: weights are frequency weights. The nearest rank depends on
+    the weights' proportions only (numpy's weighted inverted CDF); linear interpolation
+    on their scale, and a total weight of 1 or less puts every quantile at the minimum."""
+    x = np.arange(1.0, 11.0)
+    w = np.array([3.0, 1.0, 2.0, 5.0, 1.0, 1.0, 4.0, 2.0, 1.0, 3.0])
+    qs = ("p10", "p50", "p90")
+    want = np.quantile(x, [0.1, 0.5, 0.9], weights=w, method="inverted_cdf")
+    for scale in (1e-3, 1.0, 1e3):
+        m = ms.Metrics({"x": ms.Spec(qs, quantile_method="inverted_cdf")})
+        m.record("x", x, weight=w * scale)
+        got = [m.compute()[f"x/{q}"] for q in qs]
+        assert got == pytest.approx(want, rel=0.01), scale
+    m = ms.Metrics({"x": ms.Spec(qs)})
+    m.record("x", x, weight=w / w.sum())  # a total weight of 1
+    assert list(m.compute().values()) == [1.0, 1.0, 1.0]
+    m = ms.Metrics({"x": ms.Spec(qs)})
+    m.record("x", x, weight=w)  # whole numbers: each sample repeated w times
+    want = np.quantile(np.repeat(x, w.astype(int)), [0.1, 0.5, 0.9])
+    assert list(m.compute().values()) == pytest.approx(want, rel=0.01)
