@@ -299,8 +299,8 @@ class Metrics:
         """Merge ``other`` into this object in place and return it.
 
         Exact and commutative; ``SpecMismatchError`` (and nothing merged) when a
-        name either side holds resolves to different specs on the two sides, in
-        either order, as in a sync. A rule the two define apart that no held name
+        name either side has (with samples or not) resolves to different specs on
+        the two sides, in either order, as in a sync. A rule the two define apart that no held name
         resolves through keeps this side's. For ``across`` metrics, ``other``
         counts as one rank.
         """

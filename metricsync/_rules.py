@@ -125,10 +125,6 @@ class SpecTable:
         yield from self._exact.items()
         yield from self._globs.items()
 
-    def same_as(self, other: SpecTable) -> bool:
-        """Whether ``other`` holds exactly these rules (so it resolves every name alike)."""
-        return self._exact == other._exact and self._globs == other._globs
-
     def rule_for(self, key: str) -> Spec | None:
         """The spec defined for exactly this name or glob, if any."""
         return self._globs.get(key) if self.is_glob(key) else self._exact.get(key)

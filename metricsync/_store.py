@@ -383,17 +383,15 @@ class Store:
             for key, spec in rules.rules():  # a key both define apart: ours, unless a name
                 if merged.rule_for(key) is None:  # either side holds resolves apart (below)
                     merged.add(key, spec)
-            changes = self._rule_changes(merged)
-            # as in a sync: a name either side holds agrees with the other side's slot or rules
+            # as in a sync: a name either side has a slot for (samples or not) agrees with
+            # the other side's slot, or else with the other side's own rules
             specs = self.table.specs
             for name, theirs in zip(table.names, table.specs):
                 at = self.table.index.get(name)
-                mine = self.rules.explicit(name) if at is None else changes.get(at, specs[at])
-                agree(name, mine, theirs)
-            if not rules.same_as(self.rules):  # equal rules resolve alike
-                for slot, name in enumerate(self.table.names):
-                    if name not in table.index:
-                        agree(name, changes.get(slot, specs[slot]), rules.explicit(name))
+                agree(name, self.rules.explicit(name) if at is None else specs[at], theirs)
+            for name, spec in zip(self.table.names, specs):
+                agree(name, spec, None if name in table.index else rules.explicit(name))
+            changes = self._rule_changes(merged)
             self._apply_rules(merged, changes)
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):

@@ -297,6 +297,11 @@ RULE_CASES = {
         ({"x": ms.Spec("max")}, [("x", 1.0), ("x", 2.0)]),
         True,
     ),
+    "a slot emptied by reset, the other side's rule apart": (
+        ({}, [("x", 1.0), ("reset", 0.0)]),
+        ({"x": ms.Spec("max")}, []),
+        True,
+    ),
     "a name declared apart, neither holding it": (
         ({"x": ms.Spec("sum")}, []),
         ({"x": ms.Spec("max")}, []),
@@ -346,7 +351,10 @@ def test_rules_merge_the_same_in_either_order(case: str) -> None:
     def side(rules: dict[str, ms.Spec], recs: list[tuple[str, float]]) -> ms.Metrics:
         m = ms.Metrics(rules)
         for name, x in recs:
-            m.record(name, x)
+            if name == "reset":
+                m.reset()  # the names keep their slots and specs, with no samples
+            else:
+                m.record(name, x)
         return m
 
     results = []
