@@ -4,7 +4,9 @@ The paths: Python numbers (the lock-free buffers), small arrays (buffered),
 large arrays (reduced when recorded; under a mask alone, up to 4,096 kept samples
 are buffered), CPU tensors (numpy views, ``float()`` for 0-d) and the accelerator
 path (CPU treated as an accelerator: a device buffer folded by segment reductions). Hypothesis draws the samples, weights,
-masks, NaN and the spec, including ``ddof``, quantiles and NaN policies.
+masks, NaN and the spec, including ``ddof``, quantiles and NaN policies. Samples are floats,
+or integers of int8, uint8 or int64 over their whole range (a reduction in their own
+dtype wraps).
 """
 
 from __future__ import annotations
@@ -39,8 +41,14 @@ def cases(draw: st.DrawFn) -> tuple[ms.Spec, list[tuple[np.ndarray, np.ndarray |
         n = draw(st.integers(*size))
         seed = draw(st.integers(0, 2**31))
         rng = np.random.default_rng(seed)
-        x = rng.normal(10.0, 3.0, size=n)
-        if nan == "ignore" and draw(st.booleans()):
+        # integers over their whole range: a reduction in the samples' own dtype wraps
+        dtype = draw(st.sampled_from(["float64", "float64", "float32", "int8", "uint8", "int64"]))
+        if dtype.startswith("float"):
+            x = rng.normal(10.0, 3.0, size=n).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dtype)
+        if nan == "ignore" and dtype.startswith("float") and draw(st.booleans()):
             x[rng.integers(0, n)] = math.nan
         kind = draw(st.sampled_from(["none", "weight", "mask"]))
         w = None
@@ -75,7 +83,7 @@ def _record(m: ms.Metrics, path: str, x: np.ndarray, w: np.ndarray | None, is_ma
 def _oracle(
     spec: ms.Spec, records: list[tuple[np.ndarray, np.ndarray | None, bool]]
 ) -> dict[str, float]:
-    xs = np.concatenate([x for x, _, _ in records])
+    xs = np.concatenate([x.astype(np.float64) for x, _, _ in records])
     ws = np.concatenate(
         [np.ones(len(x)) if w is None else w.astype(np.float64) for x, w, _ in records]
     )
