@@ -141,12 +141,17 @@ def widened(layout: Layout, windows: list[Window], merged: StateTable) -> list[W
     """Each exact sketch metric's window grown to hold the merged (global) extremes.
 
     A window covers the union of the ranges it was made for, so it only grows;
-    NaN or missing extremes leave it as it is (a NaN sample travels in its side
-    cell, and makes every quantile NaN).
+    missing extremes leave it as it is. NaN extremes (a NaN sample, which
+    travels in its side cell, makes them NaN) say nothing of where the finite
+    samples lie: every finite cell travels then, under a window whose ``vmin`` is
+    NaN, which the caller keeps for this sync only.
     """
     out = []
     for i, old in zip(layout.sketch, windows):
         vmin, vmax = merged.extremes(i)
+        if vmin != vmin or vmax != vmax:  # NaN
+            out.append(Window(np.nan, np.nan, 0, sketch_layout(layout.specs[i].accuracy).nan_cell))
+            continue
         if not vmin <= vmax or (old.vmin <= vmin and vmax <= old.vmax):
             out.append(old)
             continue
@@ -164,7 +169,8 @@ def within_windows(
     It does when the rank's extremes lie within the range each window was made
     for: :func:`~metricsync._quantile.window` reaches a cell past those of the
     range's ends, so every sample in the range falls inside, however its
-    logarithm rounds. NaN extremes need no cells (the NaN cell always travels).
+    logarithm rounds. NaN extremes (a NaN sample) say nothing of the finite
+    samples: the rank's finite cells are looked at instead.
     """
     if not windows:
         return True
@@ -173,7 +179,9 @@ def within_windows(
         for slot, win in zip(where[layout.sketch_at].tolist(), windows):
             if slot < n and cols[al.W, slot] > 0:
                 lo, hi = -cols[al.NEGMIN, slot], cols[al.MAX, slot]
-                if lo < win.vmin or hi > win.vmax:  # NaN extremes are never outside
+                if lo < win.vmin or hi > win.vmax:
+                    return False
+                if (lo != lo or hi != hi) and _cells_outside(table, slot, win):
                     return False
         return True
     slots = where[layout.sketch_at]
@@ -183,7 +191,21 @@ def within_windows(
     ranges = np.array([(w.vmin, w.vmax) for w in windows])
     with np.errstate(invalid="ignore"):
         outside = (lo < ranges[:, 0]) | (hi > ranges[:, 1])
-    return not (outside & held & (cols[al.W] > 0)).any()
+    if (outside & held & (cols[al.W] > 0)).any():
+        return False
+    unknown = (np.isnan(lo) | np.isnan(hi)) & held & (cols[al.W] > 0)
+    return not any(
+        _cells_outside(table, int(slots[j]), windows[j]) for j in np.flatnonzero(unknown).tolist()
+    )
+
+
+def _cells_outside(table: StateTable, slot: int, win: Window) -> bool:
+    """Whether ``slot``'s sketch holds a finite cell outside ``win`` (its extremes are NaN)."""
+    cells = table.sketches.get(slot)
+    if cells is None:
+        return False
+    end = len(cells) - 2  # the NaN and clamped side cells always travel
+    return bool(cells[: win.lo].any() or cells[win.hi : end].any())
 
 
 def pack_cells(

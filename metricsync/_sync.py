@@ -232,11 +232,13 @@ def _agree_and_merge(
             continue
         merged = merge_ranks(layout, body[:, : layout.data_size])
         if every & _WINDOW:  # some samples fell outside the agreed cells: widen, send again
-            agreed = widened(layout, agreed, merged)
+            wider = widened(layout, agreed, merged)
             cells = comm.all_gather(
-                pack_cells(table, layout, where, agreed), world, "the sketch gather"
+                pack_cells(table, layout, where, wider), world, "the sketch gather"
             )
-            sum_cells(merged, layout, agreed, cells)
+            sum_cells(merged, layout, wider, cells)
+            # a NaN's window (every cell) serves this sync only; the next agrees anew
+            agreed = [old if new.vmin != new.vmin else new for old, new in zip(agreed, wider)]
         elif layout.sketch:
             sum_cells(merged, layout, agreed, body[:, layout.data_size :])
         state.windows.update(zip(layout.sketch_entries, agreed))

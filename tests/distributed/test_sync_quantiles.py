@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
 import metricsync as ms
-from metricsync.testing import run_distributed
+from metricsync.testing import count_collectives, run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -65,3 +67,77 @@ def test_quantiles_after_sync_are_within_accuracy(world: int) -> None:
                 assert value == (ordered[0] if q == 0.0 else ordered[-1]), (name, stat)
             else:
                 assert _within(value, ordered, q), (name, stat, value)
+
+
+def _nan_rank(rank: int, world: int) -> list[tuple[list[float], list[float], float]]:
+    """Three syncs of a quantile metric some rank holds a NaN in (``nan="propagate"``):
+    each synced histogram, as bucket counts, edges and total, on this rank."""
+    out = []
+    for step, held in enumerate(
+        [
+            [[math.nan, 1.0, 2.0], [3.0]],  # rank 0 holds a NaN; the cells lie apart
+            [[5.0, 700.0], [0.5, math.nan]],  # a NaN on rank 1, a range the window lacks
+            [[2.0], [4.0]],  # no NaN: the window agreed without one still serves
+        ]
+    ):
+        m = ms.Metrics({"q": ms.Spec(("p50", "max"))})
+        m.record("q", held[rank % 2] if rank < 2 else [float(step + 1)])
+        with count_collectives() as seen:
+            h = m.sync().histograms().get("q")
+        if step == 2:  # a NaN's window was for its sync only: not the whole sketch again
+            assert seen.bytes < 4_000, seen.bytes
+        out.append(
+            (
+                [] if h is None else h.counts.tolist(),
+                [] if h is None else h.edges.tolist(),
+                0.0 if h is None else h.total,
+            )
+        )
+    return out
+
+
+def test_a_nan_on_one_rank_leaves_the_synced_histogram_whole() -> None:
+    """A NaN under ``nan="propagate"`` makes a metric's min and max NaN, and the cells a
+    sync sends are chosen from them: the finite samples must still all arrive, as in a
+    merge of the same objects (the NaN itself has no bucket)."""
+    got = run_distributed(_nan_rank, 2, timeout=120)
+    assert got[0] == got[1]
+    wants = []
+    for held in ([[math.nan, 1.0, 2.0], [3.0]], [[5.0, 700.0], [0.5, math.nan]], [[2.0], [4.0]]):
+        parts = []
+        for values in held:
+            part = ms.Metrics({"q": ms.Spec(("p50", "max"))})
+            part.record("q", values)
+            parts.append(part)
+        h = ms.merge(parts).histograms()["q"]
+        wants.append((h.counts.tolist(), h.edges.tolist(), h.total))
+    for (counts, edges, total), (want_counts, want_edges, want_total) in zip(got[0], wants):
+        assert total == want_total and counts == want_counts
+        assert np.allclose(edges, want_edges, rtol=0, atol=0)
+
+
+def _many_held(rank: int, j: int) -> list[float]:
+    if j % 3:
+        return [float(j + 1), 50.0 * (rank + 1)]
+    return [[math.nan, 1.0 + j, 2.0], [3.0 * (j + 1), 900.0]][rank]
+
+
+def _many_nan_rank(rank: int, world: int) -> dict[str, tuple[list[float], float]]:
+    m = ms.Metrics({"q*": ms.Spec("p50")})
+    for j in range(12):
+        m.record(f"q{j:02d}", _many_held(rank, j))
+    return {k: (h.counts.tolist(), h.total) for k, h in m.sync().histograms().items()}
+
+
+def test_nans_among_many_quantile_metrics_leave_every_synced_histogram_whole() -> None:
+    """The same with 12 quantile metrics (more than 8: the windows are checked as arrays),
+    a NaN in every third on rank 0."""
+    got = run_distributed(_many_nan_rank, 2, timeout=120)
+    parts = []
+    for rank in range(2):
+        part = ms.Metrics({"q*": ms.Spec("p50")})
+        for j in range(12):
+            part.record(f"q{j:02d}", _many_held(rank, j))
+        parts.append(part)
+    want = {k: (h.counts.tolist(), h.total) for k, h in ms.merge(parts).histograms().items()}
+    assert len(want) == 12 and got[0] == got[1] == want
