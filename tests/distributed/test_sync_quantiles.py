@@ -69,17 +69,18 @@ def test_quantiles_after_sync_are_within_accuracy(world: int) -> None:
                 assert _within(value, ordered, q), (name, stat, value)
 
 
+NAN_STEPS = (  # each sync's samples on ranks 0 and 1
+    [[math.nan, 1.0, 2.0], [3.0]],  # rank 0 holds a NaN; the cells lie apart
+    [[5.0, 700.0], [0.5, math.nan]],  # a NaN on rank 1, a range the window lacks
+    [[2.0], [4.0]],  # no NaN: the window agreed without one still serves
+)
+
+
 def _nan_rank(rank: int, world: int) -> list[tuple[list[float], list[float], float]]:
     """Three syncs of a quantile metric some rank holds a NaN in (``nan="propagate"``):
     each synced histogram, as bucket counts, edges and total, on this rank."""
     out = []
-    for step, held in enumerate(
-        [
-            [[math.nan, 1.0, 2.0], [3.0]],  # rank 0 holds a NaN; the cells lie apart
-            [[5.0, 700.0], [0.5, math.nan]],  # a NaN on rank 1, a range the window lacks
-            [[2.0], [4.0]],  # no NaN: the window agreed without one still serves
-        ]
-    ):
+    for step, held in enumerate(NAN_STEPS):
         m = ms.Metrics({"q": ms.Spec(("p50", "max"))})
         m.record("q", held[rank % 2] if rank < 2 else [float(step + 1)])
         with count_collectives() as seen:
@@ -103,7 +104,7 @@ def test_a_nan_on_one_rank_leaves_the_synced_histogram_whole() -> None:
     got = run_distributed(_nan_rank, 2, timeout=120)
     assert got[0] == got[1]
     wants = []
-    for held in ([[math.nan, 1.0, 2.0], [3.0]], [[5.0, 700.0], [0.5, math.nan]], [[2.0], [4.0]]):
+    for held in NAN_STEPS:
         parts = []
         for values in held:
             part = ms.Metrics({"q": ms.Spec(("p50", "max"))})
