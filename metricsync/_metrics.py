@@ -300,9 +300,9 @@ class Metrics:
 
         Exact and commutative; ``SpecMismatchError`` (and nothing merged) when a
         name either side has (with samples or not) resolves to different specs on
-        the two sides, in either order, as in a sync. A rule the two define apart that no held name
-        resolves through keeps this side's. For ``across`` metrics, ``other``
-        counts as one rank.
+        the two sides, in either order, as in a sync. A rule the two define apart
+        that no held name resolves through keeps this side's. For ``across``
+        metrics, ``other`` counts as one rank.
         """
         if not isinstance(other, Metrics):
             raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")

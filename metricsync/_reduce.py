@@ -204,7 +204,7 @@ def _cells_outside(table: StateTable, slot: int, win: Window) -> bool:
     cells = table.sketches.get(slot)
     if cells is None:
         return False
-    end = len(cells) - 2  # the NaN and clamped side cells always travel
+    end = sketch_layout(table.specs[slot].accuracy).nan_cell  # the side cells always travel
     return bool(cells[: win.lo].any() or cells[win.hi : end].any())
 
 

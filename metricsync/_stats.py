@@ -208,10 +208,12 @@ def compute(
     # a metric reports its dropped NaN count when it reports anything or dropped some
     if len(dropped):
         keep[dropped] = keep[plan.starts[plan.slots[dropped]]] | (values[dropped] > 0)
-    if keep.all():  # every key: a copy of a dict of them, each value replaced (the copy
-        if plan.template is None:  # comes sized; inserting the keys grows a dict in steps)
+    if keep.all():
+        # every key: a copy of the plan's first such dict, its values replaced (a copy
+        # comes sized, where inserting the keys grows a dict step by step)
+        if plan.template is None:
             out = dict(zip(plan.keys, values.tolist()))
-            plan.template = out.copy()  # the plan's first such dict, kept for its keys
+            plan.template = out.copy()
             return out
         out = plan.template.copy()
         out.update(zip(plan.keys, values.tolist()))
