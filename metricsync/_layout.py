@@ -45,6 +45,7 @@ __all__ = [
     "NO_WINDOW",
     "GroupState",
     "Layout",
+    "Part",
     "Placement",
     "Window",
     "decode_entries",
@@ -119,6 +120,7 @@ class Layout:
         self.blank = al.identity(k).reshape(-1)  # a raveled state holding no samples
         self.blank.flags.writeable = False
         self.packed = al.Packed(self.carried)  # what al.merge_packed reads of the packing
+        self._parts: dict[bytes, Part] = {}  # see part()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -129,6 +131,28 @@ class Layout:
         if self._plan is None:
             self._plan = Plan(self.names, self.specs, self.kinds)
         return self._plan
+
+    def part(self, keep: np.ndarray) -> Part:
+        """The entries at the positions ``keep`` marks, with their index and output plan
+        (kept for the last few ``keep``: a sync meets the same one again and again).
+
+        >>> from metricsync._spec import Spec
+        >>> part = Layout([("a", Spec()), ("b", Spec("max"))]).part(np.array([False, True]))
+        >>> part.positions.tolist(), part.names, part.slot_of
+        ([1], ['b'], {'b': 0})
+        """
+        key = np.packbits(keep).tobytes()
+        part = self._parts.get(key)
+        if part is None:
+            positions = np.flatnonzero(keep)
+            names = [self.names[i] for i in positions.tolist()]
+            specs = [self.specs[i] for i in positions.tolist()]
+            plan = Plan(names, specs)
+            part = Part(positions, names, specs, dict(zip(names, range(len(names)))), plan)
+            if len(self._parts) >= 4:  # a bound: the patterns of the latest syncs
+                self._parts.clear()
+            self._parts[key] = part
+        return part
 
     def covers(self, names: list[str], specs: list[Spec]) -> bool:
         """Whether every (name, spec) is in this layout."""
@@ -188,6 +212,16 @@ class Layout:
         return out
 
 
+class Part(NamedTuple):
+    """Some of a layout's entries (:meth:`Layout.part`)."""
+
+    positions: np.ndarray  # in the layout, ascending
+    names: list[str]
+    specs: list[Spec]
+    slot_of: dict[str, int]  # name -> its position among these
+    plan: Plan
+
+
 def _inserted(items: list[Any], at: list[int], new: list[Any]) -> list[Any]:
     """``items`` with ``new[j]`` inserted before ``items[at[j]]`` (``at`` ascending)."""
     out: list[Any] = []
@@ -243,6 +277,7 @@ class Placement:
     mine: np.ndarray  # per layout position: the table has a slot for the name
     held: np.ndarray  # ... with the layout's spec
     covered: bool  # every name of the table is in the layout with the same spec
+    full: bool  # the table holds every name of the layout with its spec
     index: tuple[np.ndarray, ...]  # where packing reads a covered table (_reduce.pack_index)
     fingerprint: int  # the layout's
     names: list[str]  # the table's names and specs (copies): a table only appends slots,

@@ -357,7 +357,10 @@ class Metrics:
         be inside the abandoned one): every later sync on that group raises
         ``SyncError`` at once, naming the failure. To sync again, use a new process
         group (``dist.new_group(...)``, or ``destroy_process_group()`` then
-        ``init_process_group(...)``).
+        ``init_process_group(...)``). Every ``Metrics`` synced on a group packs its
+        state in the group's layout, the names its syncs have seen: a small one synced
+        in turn with a large one sends room for the large one's names too (a group of
+        its own keeps them apart); its result holds only the names some rank holds.
         """
         if async_op:
             return sync_async(self._store, group, timeout, self._from_store)

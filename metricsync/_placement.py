@@ -68,12 +68,21 @@ def place(
         where, mine, held = (
             _fresh(table, layout) if start is None else _appended(table, layout, start)
         )
-    covered = int(mine.sum()) == n and int(held.sum()) == n
+    held_count = int(held.sum())
+    covered = int(mine.sum()) == n and held_count == n
     if len(state.placed) >= 8:
         state.placed.pop(next(iter(state.placed)))
     index = pack_index(n, layout, where) if covered else ()  # only a covered table packs
     placed = Placement(
-        where, mine, held, covered, index, layout.fingerprint, list(table.names), list(table.specs)
+        where,
+        mine,
+        held,
+        covered,
+        held_count == len(layout),
+        index,
+        layout.fingerprint,
+        list(table.names),
+        list(table.specs),
     )
     state.placed[key] = placed
     return placed

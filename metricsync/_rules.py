@@ -112,6 +112,7 @@ class SpecTable:
         self._globs: dict[str, Spec] = {}
         self._glob_index = _NO_GLOBS
         self._shared = False
+        self.token = object()  # stands for these rules: shared by copies, new at each change
         for key, spec in (rules or {}).items():
             self.add(key, spec)
 
@@ -119,6 +120,10 @@ class SpecTable:
     def is_glob(key: str) -> bool:
         """Whether ``key`` holds glob characters (``*``, ``?`` or ``[``)."""
         return any(ch in key for ch in "*?[")
+
+    def empty(self) -> bool:
+        """Whether the table holds no rule (every name gets the default spec)."""
+        return not self._exact and not self._globs
 
     def rules(self) -> Iterator[tuple[str, Spec]]:
         """Every (name or glob, spec) rule, exact names first."""
@@ -161,6 +166,7 @@ class SpecTable:
             self._globs[key] = canonical(spec)
         else:
             self._exact[key] = canonical(spec)
+        self.token = object()
         return True
 
     def _sort_globs(self) -> None:

@@ -20,6 +20,13 @@ the entries did not fit), and the next sync is steady again. A name with differe
 a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
 device data raises on every rank too.
 
+Every ``Metrics`` synced on a group shares its layout. A small one synced in turn
+with a large one packs room for the large one's names, and must check each of
+those it lacks against its own rules: that answer is kept per rules and layout,
+so it is worked out once, not at every sync. A result holds only the names some
+rank holds (each rank's header says which layout names it holds), not those
+only another ``Metrics`` brought to the layout.
+
 ``timeout`` bounds the whole call. A collective that fails or times out
 raises :class:`~metricsync.SyncError` and marks the group out of step (a peer
 may still be inside the collective this rank abandoned): later syncs on that
@@ -36,6 +43,7 @@ collective already ran).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +79,7 @@ from ._table import StateTable
 __all__ = ["describe_tag", "sync", "sync_table"]
 
 _MAGIC = 0x6D73796E6331  # "msync1"
-_RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED = 1, 2, 4, 8, 16
+_RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED, _FULL = 1, 2, 4, 8, 16, 32
 
 
 def sync(
@@ -178,6 +186,7 @@ def _agree_and_merge(
         # which layout entries this rank holds, and which its rules declare otherwise
         declared = _declared_otherwise(rules, layout, mine)
         flags |= _DECLARED if declared.any() else 0
+        flags |= _FULL if placed.full else 0
         head = np.array(
             [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
             dtype=np.int64,
@@ -243,6 +252,10 @@ def _agree_and_merge(
             sum_cells(merged, layout, agreed, body[:, layout.data_size :])
         state.windows.update(zip(layout.sketch_entries, agreed))
         state.layout = layout
+        if not every & _FULL:  # names no rank holds (another Metrics' on this group) stay out
+            held = _held_by_any(gathered[:, HEADER : HEADER + nbits], len(layout))
+            if not held.all():
+                return merged.subset(*layout.part(held))
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
 
@@ -268,13 +281,46 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
         )
 
 
+def _held_by_any(bits: np.ndarray, k: int) -> np.ndarray:
+    """Per layout position: some rank holds it (the first ``k`` of each rank's bits)."""
+    rows = np.ascontiguousarray(bits).view(np.uint8)
+    return np.unpackbits(np.bitwise_or.reduce(rows, axis=0))[:k].astype(bool)
+
+
 def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> np.ndarray:
-    """Per layout position: this rank holds no slot for it and a rule gives it another spec."""
-    out = np.zeros(len(layout), dtype=bool)
-    for i in np.flatnonzero(~mine).tolist():
-        rule = rules.explicit(layout.names[i])
-        out[i] = rule is not None and rule != layout.specs[i]
-    return out
+    """Per layout position: this rank holds no slot for it and a rule gives it another spec.
+
+    A few such positions are looked up one by one. Many (another ``Metrics``' names on
+    this group) are answered for every position at once, kept per rules and layout, so
+    syncing a small ``Metrics`` in turn with a large one resolves no name again.
+    """
+    if rules.empty():
+        return np.zeros(len(layout), dtype=bool)
+    missing = np.flatnonzero(~mine)
+    if len(missing) <= _FEW_MISSING:
+        out = np.zeros(len(layout), dtype=bool)
+        for i in missing.tolist():
+            rule = rules.explicit(layout.names[i])
+            out[i] = rule is not None and rule != layout.specs[i]
+        return out
+    key = (rules.token, layout.fingerprint)
+    with _OTHERWISE_LOCK:
+        every = _OTHERWISE.get(key)
+    if every is None:
+        rules_of = map(rules.explicit, layout.names)
+        every = np.fromiter(
+            (r is not None and r != s for r, s in zip(rules_of, layout.specs)), bool, len(layout)
+        )
+        with _OTHERWISE_LOCK:
+            if len(_OTHERWISE) >= 16:  # a bound: rules and layouts of the latest syncs
+                _OTHERWISE.pop(next(iter(_OTHERWISE)))
+            _OTHERWISE[key] = every
+    return every & ~mine
+
+
+_FEW_MISSING = 64  #: layout positions a rank lacks that _declared_otherwise looks up one by one
+_OTHERWISE: dict[tuple[object, int], np.ndarray] = {}  # (rules token, layout) -> per position
+_OTHERWISE_LOCK = threading.Lock()
 
 
 def _uncovered(table: StateTable, layout: Layout) -> int:

@@ -282,6 +282,43 @@ class StateTable:
             )
         )
 
+    def subset(
+        self,
+        slots: np.ndarray,
+        names: list[str],
+        specs: list[Spec],
+        index: dict[str, int],
+        plan: Plan,
+    ) -> StateTable:
+        """A table of the slots ``slots`` (ascending) alone, named ``names`` with ``specs``,
+        ``index`` and ``plan`` (theirs, shared); it shares their sketches and aggregates
+        with this one.
+
+        >>> from metricsync._spec import Spec
+        >>> t = StateTable(); t.slot("a", Spec()); t.slot("b", Spec("max"))
+        0
+        1
+        >>> t.subset(np.array([1]), ["b"], [Spec("max")], {"b": 0}, Plan(["b"], [Spec("max")])).names
+        ['b']
+        """
+
+        def moved(parts: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+            old = np.array(sorted(parts), dtype=np.intp)
+            at = np.searchsorted(slots, old)
+            inside = (at < len(slots)) & (slots[np.minimum(at, len(slots) - 1)] == old)
+            return {int(a): parts[int(o)] for o, a in zip(old[inside], at[inside])}
+
+        return StateTable.from_parts(
+            names,
+            specs,
+            self.state[:, slots],
+            moved(self.sketches) if self.sketches else None,
+            moved(self.aggs) if self.aggs else None,
+            index=index,
+            plan=plan,
+            complete=True,
+        )
+
     def reset(self) -> None:
         """Forget every sample; keep names and specs."""
         self.cols[:] = IDENTITY[:, None]
