@@ -10,7 +10,9 @@ at once and never enter a collective. On gloo a gather is an all-to-all:
 every rank sends its array to every other rank in one exchange, instead of
 the ring of ``world - 1`` steps gloo's ``all_gather`` takes (on 4 ranks of
 a 2-core machine, about half the time for the few kilobytes a sync sends;
-groups of more than :data:`EXCHANGE_MAX` ranks keep the ring).
+groups of more than :data:`EXCHANGE_MAX` ranks keep the ring). A group of one
+rank (a data-parallel group of one, under tensor or pipeline parallelism) runs
+no collective at all: its own array is the gather.
 
 A host collective is waited for by polling: the thread yields the CPU
 between checks for up to :data:`POLL_SECONDS`, then blocks. Gloo completes a
@@ -141,9 +143,13 @@ class Comm:
         return result
 
     def all_gather(self, array: np.ndarray, world: int, what: str) -> np.ndarray:
-        """Every rank's ``array`` (equal shapes on every rank), stacked by rank."""
+        """Every rank's ``array`` (equal shapes on every rank), stacked by rank; in a group
+        of one rank, this one's, with no collective (gloo would still hand it to a thread
+        and back, NCCL copy it to the device and back)."""
         import torch
 
+        if world == 1:
+            return np.ascontiguousarray(array).reshape(1, *array.shape)
         mine = self._tensor(np.ascontiguousarray(array))
         out = torch.empty(world * mine.numel(), dtype=mine.dtype, device=mine.device)
         self.bytes_sent += array.nbytes

@@ -317,6 +317,30 @@ def test_without_process_group_sync_returns_a_copy() -> None:
     assert m.compute() == {"x": 1.5}
 
 
+def _groups_of_one(rank: int, world: int) -> list[tuple[int, bool, bool]]:
+    from metricsync.testing import count_collectives
+
+    groups = [dist.new_group([r]) for r in range(world)]  # every rank makes every group
+    m = ms.Metrics({"q": ms.Spec(("mean", "p50", "max"))})
+    m.record("q", np.arange(10.0) * (rank + 1))
+    m.record("loss", float(rank))
+    out = []
+    for step in range(3):
+        if step == 1:  # a name the group's layout lacks
+            m.record(f"new/{rank}", 1.0)
+        with count_collectives() as seen:
+            synced = m.sync(groups[rank], timeout=30)
+        hist, local = synced.histograms()["q"], m.histograms()["q"]
+        same_hist = (hist.counts == local.counts).all() and (hist.edges == local.edges).all()
+        out.append((seen.total, synced.compute() == m.compute(), bool(same_hist)))
+    return out
+
+
+def test_a_group_of_one_rank_syncs_without_a_collective() -> None:
+    for syncs in run_distributed(_groups_of_one, 2):
+        assert syncs == [(0, True, True)] * 3  # before: a collective per gather (4, 2, 1)
+
+
 def _gather_kinds(rank: int, world: int) -> list[tuple[dict[str, int], dict[str, float]]]:
     import metricsync._comm as comm
     from metricsync.testing import count_collectives
