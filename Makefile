@@ -46,6 +46,7 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/step_phases.py
 	$(PY) bench/record.py
 	$(PY) bench/sync.py
+	$(PY) bench/several.py
 	$(PY) bench/quantiles.py
 	$(PY) bench/async.py
 	$(PY) bench/cli.py
