@@ -445,6 +445,19 @@ def test_allgather_without_a_group_holds_this_rank() -> None:
     assert close(Metric.aggregate_dp(out["lr"]), 3e-4)
 
 
+def test_reduce_metrics_names_a_key_holding_none() -> None:
+    for value in (None, [None, None]):  # verl raises too; before, the key vanished
+        with pytest.raises(ValueError, match="'actor/grad_norm'"):
+            reduce_metrics({"actor/grad_norm": value, "loss": [1.0]})
+
+
+def test_a_number_plus_a_metric_is_the_number_plus_its_aggregate() -> None:
+    assert sum([Metric("mean", [0.5, 1.5]), Metric("max", [4.0])]) == 5.0
+    assert 1 + Metric("sum", [2.0, 3.0]) == 6.0
+    with pytest.raises(TypeError):
+        _ = "a" + Metric("sum", 1.0)  # type: ignore[operator]
+
+
 def test_collect_metrics_merges_worker_results() -> None:
     a, b = ms.Metrics({"s": ms.Spec("sum")}), ms.Metrics({"s": ms.Spec("sum")})
     a.record("s", [1.0, 2.0])

@@ -148,6 +148,26 @@ def _dp_rank(rank: int, world_size: int) -> dict[str, Any]:
             out["disagree"] = "ran"
         except ms.SpecMismatchError:
             out["disagree"] = "SpecMismatchError"
+        # keys that are another key's output keys, or hold glob characters, stay apart
+        odd = {
+            "score": switched.Metric("mean", [1.0 + rank, 2.0]),
+            "score/mean": switched.Metric("max", 10.0 + rank),
+            "len": [1.0 + rank, 4.0],
+            "len/count": switched.Metric("sum", 50.0 + rank),
+            "eval/*": [1.0],
+            "": [2.0 * rank],
+        }
+        if rank == 1:
+            odd["eval/acc"] = [3.0]  # rank 0 lacks it: before, "eval/*" declared its spec
+        gathered = tf.allgather_dict_into_dict(odd)
+        out["odd keys"] = {
+            key: float(switched.Metric.aggregate_dp(v[0] if isinstance(v[0], list) else v))
+            for key, v in gathered.items()
+        }
+        # verl's engine worker reads MTP losses entry by entry (one entry per rank in verl)
+        v = tf.allgather_dict_into_dict({"mtp_losses/mtp_1_loss": [0.5 + rank]})
+        flatten_v = [sublist[0] for sublist in v["mtp_losses/mtp_1_loss"]]  # verl's lines
+        out["mtp"] = float(sum(flatten_v) / len(flatten_v))
     return out
 
 
@@ -160,6 +180,18 @@ def test_verl_dp_path_runs_as_one_sync_per_gather() -> None:
         assert got["syncs"] == 2 * len(N_MICRO)  # one per mini-batch gather, nothing else
         assert got["only_rank1"] == 5.0  # the SUM of the one rank holding it
         assert got["disagree"] == "SpecMismatchError"
+        # before: score 11.0 (score/mean's max read as its mean), len/count's sum as
+        # len's weight, SpecMismatchError for "eval/*", TypeError for ""
+        assert got["odd keys"] == {
+            "score": 1.75,
+            "score/mean": 11.0,
+            "len": 2.75,
+            "len/count": 50.5,
+            "eval/*": 1.0,
+            "": 1.0,
+            "eval/acc": 3.0,
+        }
+        assert got["mtp"] == 1.0  # the mean of 0.5 and 1.5 (before: TypeError)
         for case in N_MICRO:
             want = brute_force(N_MICRO[case])
             assert got[f"ours {case}"].keys() == want.keys()
@@ -167,6 +199,18 @@ def test_verl_dp_path_runs_as_one_sync_per_gather() -> None:
                 assert math.isclose(got[f"ours {case}"][key], value, rel_tol=1e-9), (case, key)
         for key, value in got["verl equal"].items():  # where verl runs, the same numbers
             assert math.isclose(got["ours equal"][key], value, rel_tol=1e-9), key
+
+
+def test_a_verl_metric_made_before_install_aggregates_as_before() -> None:
+    made = vmu.Metric("sum", 1.0)
+    made.append(2.0)
+    pair = vmu.Metric.aggregate_dp([made, made])
+    with vc.install():
+        # verl's own code now compares against metricsync's AggregationType (before: None)
+        assert made.aggregate() == 3.0 and vmu.AggregationType is vc.AggregationType
+        assert type(made).aggregate_dp([made, made]) == pair == 3.0
+    assert vc.AggregationType.SUM == type(made.aggregation).SUM  # equal across the two enums
+    assert vc.AggregationType.SUM != type(made.aggregation).MEAN
 
 
 def test_verl_dp_path_in_one_process_matches_brute_force() -> None:

@@ -143,7 +143,9 @@ mismatches in ``extend`` raise ``ValueError``. The differences are deliberate:
      - one entry per rank
      - one ``Metric`` holding the whole group: ``[m]`` (``[[m]]`` for a list)
      - one sync instead of a pickled gather; ``Metric.aggregate_dp`` reads
-       both forms
+       both forms, and ``sum(entries) / len(entries)`` (verl's MTP losses)
+       reads the group's value: a number plus a ``Metric`` is the number
+       plus its aggregate
    * - ``values`` of a synced or gathered ``Metric``
      - (verl gathers values)
      - ``AttributeError``
@@ -162,7 +164,10 @@ constant-size.
 Limits: verl's own functions cannot be changed without :func:`install`; in
 particular verl's ``Metric.aggregate_dp``, if handed this package's metrics,
 reads their ``values`` and ignores weights. verl's nd-dispatch collect (its
-engine workers' ``make_nd_compute_dataproto_dispatch_fn``) is not covered.
+engine workers' ``make_nd_compute_dataproto_dispatch_fn``) is not covered. A
+verl ``Metric`` made before :func:`install` still aggregates in verl's own
+code (the two ``AggregationType`` enums' members of one value are equal),
+but pickling it, or extending it with this package's metrics, fails.
 """
 
 from __future__ import annotations

@@ -99,21 +99,41 @@ def allgather_dict_into_dict(
     store = ms.Metrics()
     nested: dict[str, bool] = {}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise TypeError(f"allgather_dict_into_dict: keys must be strings, got {key!r}")
         pooled = _pooled(key, value)
-        store.define(key, SPECS[pooled.aggregation])
+        name = _internal(key)
+        store.define(name, SPECS[pooled.aggregation])
         local = summary(pooled)
         if local is not None:
-            store.record(key, local[0], weight=local[1])
+            store.record(name, local[0], weight=local[1])
         nested[key] = isinstance(value, (list, tuple))
     synced = store.sync(group, timeout=timeout)
     computed = synced.compute()
     out: dict[str, list[Any]] = {}
-    for key in [*nested, *(name for name in synced.names if name not in nested)]:
-        kind = _KINDS.get(synced.spec(key), AggregationType.MEAN)
+    theirs = (_external(name) for name in synced.names)
+    for key in [*nested, *(key for key in theirs if key not in nested)]:
+        name = _internal(key)
+        kind = _KINDS.get(synced.spec(name), AggregationType.MEAN)
         if kind is AggregationType.MEAN:
-            value, weight = computed.get(f"{key}/mean"), computed.get(f"{key}/count", 0.0)
+            value, weight = computed.get(f"{name}/mean"), computed.get(f"{name}/count", 0.0)
         else:
-            value, weight = computed.get(key), 1.0
+            value, weight = computed.get(name), 1.0
         metric = from_summary(kind, value, weight)
         out[key] = [[metric]] if nested.get(key, False) else [metric]
     return out
+
+
+def _internal(key: str) -> str:
+    """The metric name a key travels under: its UTF-8 bytes in hex after a letter. No key
+    is empty, none holds a glob character, and none is another's output key (``/`` never
+    occurs in one), whatever verl's keys are: ``"score"`` and ``"score/mean"`` stay apart.
+
+    >>> _internal("a/*"), _external(_internal("a/*")), _internal("")
+    ('k612f2a', 'a/*', 'k')
+    """
+    return "k" + key.encode("utf-8", "surrogatepass").hex()
+
+
+def _external(name: str) -> str:
+    return bytes.fromhex(name[1:]).decode("utf-8", "surrogatepass")

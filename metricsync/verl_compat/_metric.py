@@ -22,12 +22,25 @@ class AggregationType(Enum):
 
     >>> AggregationType("sum") is AggregationType.SUM
     True
+
+    A member equals verl's member of the same value: once
+    :func:`~metricsync.verl_compat.install` has put this enum in verl's module,
+    verl's own code still tells apart the members its objects made before (a
+    verl ``Metric`` recorded before the switch aggregates as it did).
     """
 
     MEAN = "mean"
     SUM = "sum"
     MIN = "min"
     MAX = "max"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Enum) and not isinstance(other, AggregationType):
+            return type(other).__name__ == "AggregationType" and other.value == self.value
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(self._name_)
 
 
 #: The metricsync spec behind each aggregation. ``MEAN`` also keeps its total
@@ -260,6 +273,18 @@ class Metric:
         np.float64(0.0)
         """
         return result(self.aggregation, self._store.compute())
+
+    def __radd__(self, other: object) -> Any:
+        """``number + metric`` is the number plus :meth:`aggregate`: verl code that sums the
+        per-rank entries of a gathered key (``sum(v) / len(v)``, as verl's workers do for
+        MTP losses) reads the group's value from the one entry the gather returns.
+
+        >>> sum([Metric("mean", [0.5, 1.5])]) / 1
+        np.float64(1.0)
+        """
+        if isinstance(other, (int, float, np.number)) and not isinstance(other, bool):
+            return other + self.aggregate()
+        return NotImplemented
 
     @classmethod
     def _aggregate(cls, values: Iterable[Any], aggregation: str | AggregationType) -> np.float64:

@@ -90,7 +90,9 @@ def reduce_metrics(
         items = leaves(value)
         for item in items:
             refuse_verl_metric(item, f"reduce_metrics[{key!r}]")
-        if items and all(item is None or isinstance(item, ms.Metrics) for item in items):
+        if any(isinstance(item, ms.Metrics) for item in items) and all(
+            item is None or isinstance(item, ms.Metrics) for item in items
+        ):
             merged = ms.collect(items)
             out.update((name, np.float64(v)) for name, v in merged.compute().items())
             continue
@@ -108,7 +110,10 @@ def reduce_metrics(
             computed = store.compute()
             out.update((k, np.float64(computed.get(k, np.nan))) for k in spec.output_keys(key))
         else:
-            out[key] = Metric._aggregate(items, key_rule(key))
+            try:
+                out[key] = Metric._aggregate(items, key_rule(key))
+            except (TypeError, ValueError) as exc:  # a None, a string ...: name the key
+                raise type(exc)(f"reduce_metrics[{key!r}]: {exc}") from exc
     metrics.clear()
     metrics.update(out)
     return metrics
