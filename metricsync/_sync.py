@@ -78,7 +78,7 @@ from ._table import StateTable
 
 __all__ = ["describe_tag", "sync", "sync_table"]
 
-_MAGIC = 0x6D73796E6331  # "msync1"
+_MAGIC = 0x6D73796E6332  # "msync2": the header's flags include _FULL
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED, _FULL = 1, 2, 4, 8, 16, 32
 
 

@@ -303,6 +303,8 @@ class StateTable:
         """
 
         def moved(parts: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+            if not len(slots):  # no slot kept (no rank held a name)
+                return {}
             old = np.array(sorted(parts), dtype=np.intp)
             at = np.searchsorted(slots, old)
             inside = (at < len(slots)) & (slots[np.minimum(at, len(slots) - 1)] == old)

@@ -129,3 +129,33 @@ def test_a_rule_defined_after_the_answers_were_kept_is_seen() -> None:
     messages = run_distributed(_declared_later, 2)
     assert all("'train/m00001'" in message for message in messages)
     assert "Spec('max')" in messages[1]  # the rank that declared it
+
+
+def _nothing_after_another(rank: int, world: int) -> list[object]:
+    """A ``Metrics`` no rank records into (validation on a step without it), synced after
+    one holding a quantile and an ``across`` metric, then that one again."""
+    specs = {"len": ms.Spec(("mean", "p50")), "pg": ms.Spec("sum", across="mean")}
+
+    def part(r: int) -> ms.Metrics:
+        m = ms.Metrics(specs)
+        m.record("len", [16.0 + r, 300.0])
+        m.record("pg", 1.0 + r)
+        return m
+
+    train = part(rank)
+    train.sync()
+    empty = ms.Metrics().sync()
+    again = train.sync().compute()
+    return [
+        empty.compute(),
+        empty.names,
+        again == ms.merge([part(r) for r in range(world)]).compute(),
+    ]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_metrics_no_rank_records_into_syncs_to_nothing(world: int) -> None:
+    # before the fix: IndexError on every rank (a result of no slot kept sketches and
+    # aggregates), and then SyncError at every later sync on the group
+    for got in run_distributed(_nothing_after_another, world):
+        assert got == [{}, [], True]
