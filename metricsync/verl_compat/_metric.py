@@ -3,68 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from enum import Enum
 from typing import Any, ClassVar
 
 import numpy as np
 
 import metricsync as ms
 
+from ._aggregation import SPECS, AggregationType, aggregation_type
 from ._mixed import is_verl_metric, refuse_verl_metric
 
 __all__ = ["AggregationType", "Metric"]
 
 _NAME = "value"
-
-
-class AggregationType(Enum):
-    """How a :class:`Metric` combines its values: ``MEAN``, ``SUM``, ``MIN`` or ``MAX``.
-
-    >>> AggregationType("sum") is AggregationType.SUM
-    True
-
-    A member equals verl's member of the same value: once
-    :func:`~metricsync.verl_compat.install` has put this enum in verl's module,
-    verl's own code still tells apart the members its objects made before (a
-    verl ``Metric`` recorded before the switch aggregates as it did).
-    """
-
-    MEAN = "mean"
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Enum) and not isinstance(other, AggregationType):
-            return type(other).__name__ == "AggregationType" and other.value == self.value
-        return self is other
-
-    def __hash__(self) -> int:
-        return hash(self._name_)
-
-
-#: The metricsync spec behind each aggregation. ``MEAN`` also keeps its total
-#: weight (``count``), so a mean can be pooled again exactly after it was synced.
-SPECS = {
-    AggregationType.MEAN: ms.Spec(("mean", "count")),
-    AggregationType.SUM: ms.Spec("sum", across="mean"),
-    AggregationType.MIN: ms.Spec("min"),
-    AggregationType.MAX: ms.Spec("max"),
-}
-
-
-def aggregation_type(aggregation: object) -> AggregationType:
-    """``aggregation`` as an :class:`AggregationType` (verl's own enum members are accepted)."""
-    if isinstance(aggregation, AggregationType):
-        return aggregation
-    value = aggregation.value if isinstance(aggregation, Enum) else aggregation
-    try:
-        return AggregationType(value)
-    except ValueError:
-        raise ValueError(
-            f"Unsupported aggregation type: {aggregation!r} (expected 'mean', 'sum', 'min' "
-            "or 'max', or an AggregationType)"
-        ) from None
 
 
 def _capture(value: Any) -> Any:
