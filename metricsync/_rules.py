@@ -15,11 +15,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterator
+from typing import Protocol
 
 from ._errors import SpecMismatchError
 from ._spec import DEFAULT_SPEC, Spec, canonical
 
-__all__ = ["SpecTable", "agree"]
+__all__ = ["Slots", "SpecTable", "agree", "merged_rules"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -83,6 +84,29 @@ _NO_GLOBS = _GlobIndex({})
 _INDEXES: dict[frozenset[tuple[str, Spec]], _GlobIndex] = {}
 
 
+_NO_RULES = object()  # the token of every table without rules
+_TOKENS: dict[tuple[object, str, Spec | None], object] = {}  # see _next_token
+
+
+def _next_token(token: object, key: str, spec: Spec | None) -> object:
+    """The token of a rule table of token ``token`` once ``key -> spec`` is added: the same
+    for every table that added the same rules in the same order from none (copies share
+    theirs), so what is worked out per rule set (a merge's agreement, a sync's check of
+    the names a rank lacks) is worked out once for the ``Metrics`` of the same rules.
+
+    >>> a, b = SpecTable({"x": Spec("max")}), SpecTable({"x": Spec("max")})
+    >>> a.token is b.token, a.token is SpecTable({"x": Spec("min")}).token
+    (True, False)
+    """
+    key_of = (token, key, spec)
+    derived = _TOKENS.get(key_of)
+    if derived is None:
+        if len(_TOKENS) >= 1 << 16:  # a bound: later tables get new tokens, and rework
+            _TOKENS.clear()
+        derived = _TOKENS.setdefault(key_of, object())
+    return derived
+
+
 def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
     """The index of ``globs``, shared by every table of the same globs: a ``Metrics`` made
     anew each step resolves its names as the one before did, from the memo.
@@ -112,7 +136,7 @@ class SpecTable:
         self._globs: dict[str, Spec] = {}
         self._glob_index = _NO_GLOBS
         self._shared = False
-        self.token = object()  # stands for these rules: shared by copies, new at each change
+        self.token = _NO_RULES  # stands for these rules: see _next_token
         for key, spec in (rules or {}).items():
             self.add(key, spec)
 
@@ -166,7 +190,7 @@ class SpecTable:
             self._globs[key] = canonical(spec)
         else:
             self._exact[key] = canonical(spec)
-        self.token = object()
+        self.token = _next_token(self.token, key, self.rule_for(key))
         return True
 
     def _sort_globs(self) -> None:
@@ -213,3 +237,36 @@ def agree(name: str, mine: Spec | None, theirs: Spec | None) -> None:
         raise SpecMismatchError(
             f"metric {name!r} is {mine!r} on one side and {theirs!r} on the other"
         )
+
+
+class Slots(Protocol):
+    """What a merge reads of a side's table: its names, their specs, name -> slot."""
+
+    names: list[str]
+    specs: list[Spec]
+    index: dict[str, int]
+
+
+def merged_rules(mine: SpecTable, held: Slots, theirs: SpecTable, other: Slots) -> SpecTable:
+    """The rules of a merge of ``other`` (ruled by ``theirs``) into ``held`` (ruled by
+    ``mine``): both sets, a key both define apart keeping ours. First, as a sync checks, a
+    name either side has a slot for (samples or not) must agree with the other side's slot,
+    or else with the other side's own rules: ``SpecMismatchError`` where not.
+
+    >>> mine, theirs = SpecTable({"x": Spec("max")}), SpecTable({"y": Spec("sum")})
+    >>> class T:
+    ...     names, specs, index = [], [], {}
+    >>> sorted(key for key, _ in merged_rules(mine, T(), theirs, T()).rules())
+    ['x', 'y']
+    """
+    merged = mine.copy()
+    for key, spec in theirs.rules():
+        if merged.rule_for(key) is None:
+            merged.add(key, spec)
+    specs = held.specs
+    for name, spec in zip(other.names, other.specs):
+        at = held.index.get(name)
+        agree(name, mine.explicit(name) if at is None else specs[at], spec)
+    for name, spec in zip(held.names, specs):
+        agree(name, spec, None if name in other.index else theirs.explicit(name))
+    return merged

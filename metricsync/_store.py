@@ -33,11 +33,14 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._pending import FAST_LIMIT, HostPending
-from ._rules import SpecTable, agree
+from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
 
 __all__ = ["Store"]
+
+#: both sides' table and rules tokens of merges that agreed -> their rules (Store.absorb)
+_AGREED: dict[tuple[object, object, object, object], SpecTable] = {}
 
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -379,20 +382,19 @@ class Store:
         """Merge another Metrics' rules and snapshot in; it counts as one rank."""
         with self.lock:
             self._changes += 1
-            merged = self.rules.copy()
-            for key, spec in rules.rules():  # a key both define apart: ours, unless a name
-                if merged.rule_for(key) is None:  # either side holds resolves apart (below)
-                    merged.add(key, spec)
-            # as in a sync: a name either side has a slot for (samples or not) agrees with
-            # the other side's slot, or else with the other side's own rules
-            specs = self.table.specs
-            for name, theirs in zip(table.names, table.specs):
-                at = self.table.index.get(name)
-                agree(name, self.rules.explicit(name) if at is None else specs[at], theirs)
-            for name, spec in zip(self.table.names, specs):
-                agree(name, spec, None if name in table.index else rules.explicit(name))
-            changes = self._rule_changes(merged)
-            self._apply_rules(merged, changes)
+            # both sides' names, specs and rules, by token: a pair that agreed and changed no
+            # slot's spec agrees again (workers' results merged at every step check once)
+            key = (self.table.token, self.rules.token, table.token, rules.token)
+            if (merged := _AGREED.get(key)) is not None:
+                self._apply_rules(merged.copy(), {})
+            else:
+                merged = merged_rules(self.rules, self.table, rules, table)
+                changes = self._rule_changes(merged)
+                if not changes:
+                    if len(_AGREED) >= 64:  # a bound: the pairs of the latest merges
+                        _AGREED.clear()
+                    _AGREED[key] = merged.copy()
+                self._apply_rules(merged, changes)
             self.table.absorb(table)
             for name, spec in zip(table.names, table.specs):
                 self.pending.open(name, spec)

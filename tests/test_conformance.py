@@ -379,6 +379,47 @@ def test_rules_merge_the_same_in_either_order(case: str) -> None:
         assert "SpecMismatchError" not in results and all(r == results[0] for r in results)
 
 
+def test_a_pair_merged_again_is_checked_from_what_agreed_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same workers' results merged at every step: the second merge resolves no name
+    against the rules again, gives the same result, and a pair that differs in a spec
+    (another token) is checked, and raises, however often its neighbours agreed."""
+    from metricsync._rules import SpecTable
+
+    rules = {"t/*": ms.Spec("max"), "len": ms.Spec(("mean", "p50"))}
+
+    def worker(rank: int, spec: ms.Spec | None = None) -> ms.Metrics:
+        m = ms.Metrics(rules if spec is None else {**rules, "t/step": spec})
+        for i in range(20):
+            m.record(f"loss/{i}", float(i + rank))
+        m.record("t/step", 0.1 * (rank + 1))
+        m.record("len", [16.0 + rank, 300.0])
+        if rank % 2:
+            m.record(f"odd/{rank}", 1.0)
+        return m
+
+    lookups = [0]
+    original = SpecTable.explicit
+
+    def counted(self: SpecTable, name: str) -> ms.Spec | None:
+        lookups[0] += 1
+        return original(self, name)
+
+    monkeypatch.setattr(SpecTable, "explicit", counted)
+    got = []
+    for _ in range(2):
+        parts = [worker(r) for r in range(4)]
+        lookups[0] = 0
+        got.append(ms.merge(parts).compute())
+        got.append(lookups[0])
+    assert got[0] == got[2] and got[1] > 0
+    assert got[3] == 0  # before: every name of both sides at every merge
+    for _ in range(2):  # a worker whose rules give t/step another spec: still a conflict
+        with pytest.raises(ms.SpecMismatchError, match="'t/step'"):
+            ms.merge([worker(0), worker(1), worker(2, ms.Spec("sum"))])
+
+
 def test_last_follows_record_time_not_merge_order() -> None:
     for reverse in (False, True):
         a, b = ms.Metrics({"lr": ms.Spec("last")}), ms.Metrics({"lr": ms.Spec("last")})
