@@ -316,8 +316,13 @@ def _follow(
 
 
 def _signed(value: float, fmt: str | None) -> str:
+    """``value`` in ``fmt`` with a sign (once: a format may write its own ``+``).
+
+    >>> _signed(0.25, ".3f"), _signed(0.25, "+.3f"), _signed(-0.25, ".3f")
+    ('+0.250', '+0.250', '-0.250')
+    """
     text = format_value(value, fmt)
-    return "+" + text if value > 0 and math.isfinite(value) else text
+    return "+" + text if value > 0 and math.isfinite(value) and text[:1] != "+" else text
 
 
 def compare(

@@ -330,6 +330,34 @@ def test_mlflow_defaults_to_a_sqlite_store_in_the_run_dir(
     assert histories == {"loss": [(7, 0.5)]}
 
 
+def test_mlflow_keeps_long_keys_and_keys_that_sanitise_alike_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    from metricsync.backends._mlflow import mlflow_key
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    long_key = "eval/" + "x" * 260
+    steps = [(s, {"loss": 1.0 / s, long_key: 2.0 * s, "acc@1": 0.1, "acc#1": 0.9}) for s in (1, 2)]
+    with (
+        pytest.warns(UserWarning, match="'acc#1' is logged as"),
+        Tracker("mlflow", run_dir=tmp_path, experiment="metricsync") as tracker,
+    ):
+        for step, values in steps:
+            tracker.log(values, step=step)
+    status, histories = _mlflow_histories(f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
+    assert status == "FINISHED"
+    long_name = mlflow_key(long_key)
+    assert len(long_name) == 250 and long_name.startswith("eval/xxx")
+    # before: the long name failed the whole step's batch (every key lost), and acc#1 was
+    # logged into acc@1's metric
+    assert histories["loss"] == [(1, 1.0), (2, 0.5)]
+    assert histories[long_name] == [(1, 2.0), (2, 4.0)]
+    assert histories["acc_1"] == [(1, 0.1), (2, 0.1)]
+    [other] = [name for name in histories if name.startswith("acc_1_")]
+    assert histories[other] == [(1, 0.9), (2, 0.9)]
+
+
 def test_mlflow_config_becomes_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient

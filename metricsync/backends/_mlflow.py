@@ -13,17 +13,24 @@ characters, MLflow's limit).
 MLflow accepts metric names of letters, digits, ``_ - . : /`` and spaces, and
 rejects names that are not normalized paths; :func:`mlflow_key` replaces any
 other character with ``_`` and drops empty, ``.`` and ``..`` path segments
-(``"acc@1"`` is logged as ``"acc_1"``).
+(``"acc@1"`` is logged as ``"acc_1"``). A name longer than MLflow's 250
+characters is cut and ends in ``_`` and 8 hex digits of the key's hash; so does
+a name another key of the run already took (``"acc#1"`` beside ``"acc@1"``),
+with a warning, so no two keys share a metric and no key fails the step.
 
 >>> mlflow_key("actor/acc@1"), mlflow_key("/a//b/"), mlflow_key("x/../y")
 ('actor/acc_1', 'a/b', 'x/__/y')
+>>> len(mlflow_key("x" * 300))
+250
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +44,7 @@ _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
 _BATCH = 1000  # MLflow's limit of metrics per log_batch call
 _PARAM_BATCH = 100  # ... and of params per call
 _PARAM_LENGTH = 6000  # the longest param value MLflow stores
+_KEY_LENGTH = 250  # the longest metric name MLflow stores
 
 
 def mlflow_key(key: str) -> str:
@@ -46,7 +54,14 @@ def mlflow_key(key: str) -> str:
     ('eval/acc top-1', 'loss _ema_')
     """
     parts = [p for p in _BAD_CHARS.sub("_", key).split("/") if p not in ("", ".")]
-    return "/".join(p.replace(".", "_") if p == ".." else p for p in parts) or "_"
+    name = "/".join(p.replace(".", "_") if p == ".." else p for p in parts) or "_"
+    return name if len(name) <= _KEY_LENGTH else _tagged(name, key)
+
+
+def _tagged(name: str, key: str) -> str:
+    """``name`` cut to fit, ending in ``_`` and 8 hex digits of ``key``'s hash."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return name[: _KEY_LENGTH - 9].rstrip("/") + "_" + digest
 
 
 class MlflowBackend:
@@ -122,10 +137,24 @@ class MlflowBackend:
         for key, value in values.items():
             name = self._keys.get(key)
             if name is None:
-                name = self._keys[key] = mlflow_key(key)
+                name = self._keys[key] = self._name_for(key)
             metrics.append(self._metric(name, value, now, step))
         for start in range(0, len(metrics), _BATCH):
             self._client.log_batch(self.run_id, metrics=metrics[start : start + _BATCH])
+
+    def _name_for(self, key: str) -> str:
+        name = mlflow_key(key)
+        taken = set(self._keys.values())
+        if name in taken:  # another key of this run is logged under it
+            renamed = _tagged(name, key)
+            warnings.warn(
+                f"metricsync: MLflow metric {key!r} is logged as {renamed!r}: "
+                f"{name!r} is another key's name in this run",
+                UserWarning,
+                stacklevel=3,
+            )
+            return renamed
+        return name
 
     def close(self) -> None:
         """Mark the run finished; calling it again does nothing."""

@@ -48,5 +48,21 @@ def is_scalar(value: object) -> bool:
 
 
 def scalars(logs: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``logs`` that are one real number (see :func:`is_scalar`), in order."""
-    return {key: value for key, value in logs.items() if isinstance(key, str) and is_scalar(value)}
+    """The entries of ``logs`` that are one real number (see :func:`is_scalar`), in order;
+    a real number of another kind than int or float (``Fraction``) as a float.
+
+    >>> from fractions import Fraction
+    >>> scalars({"ratio": Fraction(1, 4)})
+    {'ratio': 0.25}
+    """
+    return {
+        key: _plain(value)
+        for key, value in logs.items()
+        if isinstance(key, str) and is_scalar(value)
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, numbers.Real) and not isinstance(value, (int, float, numbers.Integral)):
+        return value if hasattr(value, "dtype") else float(value)
+    return value

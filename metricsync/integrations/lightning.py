@@ -157,9 +157,11 @@ class MetricsyncLogger(Logger):
     _last_step: int | None = None
 
     def finalize(self, status: str) -> None:
-        """Close the Tracker if this logger made it."""
+        """Close the Tracker if this logger made it; a later stage (``trainer.validate()``
+        after ``fit()``) makes a new one, which appends to the same run directory."""
         if self._owns_tracker and self._tracker is not None:
             self._tracker.close()
+            self._tracker = None
 
 
 class MetricsyncCallback(Callback):

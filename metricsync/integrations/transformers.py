@@ -43,12 +43,13 @@ except ImportError as exc:  # pragma: no cover - exercised by a test with the pa
 
 __all__ = ["TRAINER_SPEC", "MetricsyncCallback"]
 
-TRAINER_SPEC = ms.Spec("last")
+TRAINER_SPEC = ms.Spec("last", across="first")
 """The spec of a number the trainer logs that you gave no spec of your own.
 
-The trainer has already reduced it (its ``loss`` is a mean over every rank),
-so every rank holds the same value, and ``last`` keeps it exactly (a mean
-over ranks could round it in the last digit).
+The trainer has reduced most of them (its ``loss`` is a mean over every rank),
+and ``last`` keeps such a value exactly (a mean over ranks could round it in
+the last digit). Some differ by rank (``eval_runtime``, ``train_samples_per_second``,
+each rank's own clock): ``across="first"`` logs rank 0's, as the trainer reports.
 """
 
 _DEFAULT_SPEC = ms.Spec()

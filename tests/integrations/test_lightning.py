@@ -257,3 +257,15 @@ def test_ddp_one_packed_sync_per_step(tmp_path: pytest.TempPathFactory) -> None:
     for counts in (steps0, steps1):
         assert len(counts) == 4 and all(1 <= c <= 2 for c in counts[1:]) and counts[0] <= 5
     assert base0 >= KEYS
+
+
+def test_the_logger_keeps_logging_in_a_stage_after_fit(tmp_path: pytest.TempPathFactory) -> None:
+    module = Tiny()
+    logger = MetricsyncLogger(backends=("jsonl",), run_dir=str(tmp_path / "ms"))
+    trainer = _trainer(str(tmp_path), [MetricsyncCallback()], logger=logger)
+    trainer.fit(module, _loader())
+    # before: RuntimeError, Tracker.log() called after close() (fit's end closed it)
+    trainer.validate(module, _loader(8), verbose=False)
+    lines = [json.loads(line) for line in (tmp_path / "ms" / "metrics.jsonl").open()]
+    keys = {key for line in lines for key in line.get("values", {})}
+    assert "abs_err/mean" in keys and "val_abs_err/mean" in keys, sorted(keys)

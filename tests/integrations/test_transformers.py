@@ -280,3 +280,40 @@ def test_ddp_trainer_syncs_once_per_log_and_rank0_writes(tmp_path: pytest.TempPa
     # samples leave the sketch cells agreed so far; the first agrees on a layout)
     for counts in (counts0, counts1):
         assert len(counts) == 5 and all(1 <= c <= 2 for c in counts[1:4]) and counts[0] <= 6
+
+
+def _per_rank_logs(rank: int, world: int) -> dict[str, float]:
+    """Each rank's Trainer logs its own clock's speed metrics; rank 1 records last."""
+    import time
+
+    import torch.distributed as dist
+
+    callback = MetricsyncCallback(update_logs=True)
+    logs = {
+        "eval_loss": 3.0,
+        "eval_runtime": [0.50, 0.25][rank],
+        "eval_samples_per_second": [8.0, 16.0][rank],
+    }
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.2)
+    callback.on_log(None, TrainerState(global_step=4), TrainerControl(), logs=logs)
+    return logs
+
+
+def test_numbers_that_differ_by_rank_are_rank_zeros() -> None:
+    # before: the value of whichever rank recorded last (here rank 1's 0.25 and 16.0)
+    for logs in run_distributed(_per_rank_logs, 2):
+        assert logs == {"eval_loss": 3.0, "eval_runtime": 0.5, "eval_samples_per_second": 8.0}
+
+
+def test_a_fraction_in_the_logs_is_logged_as_a_float() -> None:
+    from fractions import Fraction
+
+    callback = MetricsyncCallback(ms.Metrics({"tokens": ms.Spec("sum")}), update_logs=True)
+    callback.metrics.record("tokens", 10)
+    logs = {"loss": 0.5, "ratio": Fraction(1, 4)}
+    # before: TypeError from record(), and "tokens" stayed to be logged again next step
+    callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs=logs)
+    assert logs == {"loss": 0.5, "ratio": 0.25, "tokens": 10.0}
+    assert callback.metrics.names == []
