@@ -169,10 +169,11 @@ class MetricsyncCallback(Callback):
 
     Args:
         metrics: the training Metrics; by default ``getattr(pl_module, attr)``.
-        tracker: a :class:`metricsync.Tracker` to log to (you close it). Without
-            one, the callback logs to the trainer's loggers (``trainer.loggers``);
-            a :class:`MetricsyncLogger` among them gets the Metrics whole, with
-            its formats.
+        tracker: a :class:`metricsync.Tracker` to log to (you close it), at
+            ``trainer.global_step``. Without one, the callback logs to the
+            trainer's loggers (``trainer.loggers``) at the step Lightning logs
+            ``self.log`` values at (one less); a :class:`MetricsyncLogger` among
+            them gets the Metrics whole, with its formats.
         attr: the module attribute holding the training Metrics.
         val_metrics: validation Metrics; by default ``getattr(pl_module,
             val_attr, None)``. Synced and logged at the end of each validation
@@ -269,6 +270,7 @@ class MetricsyncCallback(Callback):
             self.tracker.log(synced, step=step)
             return
         loggers = list(getattr(trainer, "loggers", None) or ())
+        step = _logger_step(trainer, step)  # beside what the module self.logs
         if not loggers:
             if not self._warned_no_output and trainer.is_global_zero:
                 self._warned_no_output = True
@@ -327,3 +329,12 @@ class MetricsyncCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
         self._last_step = int(state_dict.get("last_step", 0))
+
+
+def _logger_step(trainer: Any, step: int) -> int:
+    """The step Lightning gives its loggers now: its count of batches that stepped the
+    optimizers, at which it logs ``self.log`` values (``trainer.global_step`` counts this
+    batch's step already); ``step`` where the trainer has no such count."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    stepped = getattr(loop, "_batches_that_stepped", None)
+    return stepped if isinstance(stepped, int) else step

@@ -162,22 +162,23 @@ def test_without_tracker_the_trainers_loggers_get_the_values(
         logger=[csv_logger, ms_logger, ms_logger_with_tracker],
     )
     trainer.fit(module, _loader())
-    # Lightning's own CSV file holds what the callback synced.
+    # Lightning's own CSV file holds what the callback synced, at the steps Lightning gives
+    # its loggers (its count of batches that stepped: one less than global_step)
     with open(os.path.join(csv_logger.log_dir, "metrics.csv")) as f:
         rows = [row for row in csv.DictReader(f) if row.get("abs_err/mean")]
-    assert [int(row["step"]) for row in rows] == [1, 2, 3, 4]
+    assert [int(row["step"]) for row in rows] == [0, 1, 2, 3]
     for row in rows:
-        raw = np.concatenate(module.raw[int(row["step"])]).astype(np.float64)
+        raw = np.concatenate(module.raw[int(row["step"]) + 1]).astype(np.float64)
         assert float(row["abs_err/mean"]) == pytest.approx(raw.mean(), rel=1e-6)
         assert float(row["samples"]) == 4.0
     # A MetricsyncLogger gets the Metrics whole: the specs' formats arrive with the values.
     synced = [(s, v, f) for s, v, f in collect.rows if "abs_err/mean" in v]
-    assert [s for s, _, _ in synced] == [1, 2, 3, 4]
+    assert [s for s, _, _ in synced] == [0, 1, 2, 3]
     assert all(f["abs_err/mean"] == ".4f" for _, _, f in synced)
     # The jsonl one made its own Tracker and closed it at the end of training.
     lines = [json.loads(line) for line in (tmp_path / "ms" / "metrics.jsonl").open()]
     steps = [line["step"] for line in lines if "abs_err/mean" in line.get("values", {})]
-    assert steps == [1, 2, 3, 4]
+    assert steps == [0, 1, 2, 3]
 
 
 def test_a_module_without_metrics_is_named_in_the_error(tmp_path: pytest.TempPathFactory) -> None:
@@ -269,3 +270,27 @@ def test_the_logger_keeps_logging_in_a_stage_after_fit(tmp_path: pytest.TempPath
     lines = [json.loads(line) for line in (tmp_path / "ms" / "metrics.jsonl").open()]
     keys = {key for line in lines for key in line.get("values", {})}
     assert "abs_err/mean" in keys and "val_abs_err/mean" in keys, sorted(keys)
+
+
+class Logged(Tiny):
+    """Tiny, also logging a value per step with ``self.log``."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.log("from_self_log", float(batch_idx))
+        return super().training_step(batch, batch_idx)
+
+
+def test_callback_rows_and_self_log_rows_share_the_loggers_steps(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    from metricsync._logread import read_timeline, scan
+
+    logger = MetricsyncLogger(backends=("jsonl",), run_dir=str(tmp_path / "ms"))
+    trainer = _trainer(str(tmp_path), [MetricsyncCallback()], logger=logger, log_every_n_steps=2)
+    trainer.fit(Logged(), _loader())
+    path = tmp_path / "ms" / "metrics.jsonl"
+    rows = list(read_timeline(path, scan(path)))  # what show and plot read
+    # before: the callback's rows at 2 and 4, self.log's at 1 and 3: the reader took each
+    # lower step for a resumed run and kept the self.log rows only
+    assert [step for step, _ in rows] == [1, 3]
+    assert all("abs_err/mean" in values and "from_self_log" in values for _, values in rows)
