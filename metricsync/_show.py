@@ -103,10 +103,20 @@ def _choose(available: Sequence[str], keys: str | None, ranks: bool) -> list[str
 
 
 def _warn_repeats(path: Path, superseded: int, overwritten: int) -> None:
-    if superseded or overwritten:
+    """Warn of records logged again: for an earlier step (a resumed run?), or of keys
+    logged twice at one step (a trainer's train, eval and summary rows share their step
+    and some keys, so that alone does not say a run was resumed)."""
+    if superseded:
         warnings.warn(
             f"{path}: {superseded + overwritten} record(s) logged again for an earlier or equal "
             "step (a resumed run?); showing the values logged last",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif overwritten:
+        warnings.warn(
+            f"{path}: {overwritten} record(s) logged again at a step that had those keys; "
+            "showing the values logged last",
             UserWarning,
             stacklevel=3,
         )

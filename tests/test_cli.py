@@ -398,3 +398,18 @@ def test_a_tracker_resuming_a_bad_log_keeps_training(tmp_path: Path, name: str) 
         with Tracker(run_dir=tmp_path) as tracker:
             tracker.log({"loss": 0.5}, 2)
     assert (tmp_path / "metrics.jsonl").read_bytes().startswith(BAD_LOGS[name])
+
+
+def test_keys_logged_again_at_one_step_are_not_called_a_resume(tmp_path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Tracker's own note on a step logged again
+        with Tracker(run_dir=tmp_path) as tracker:  # a trainer's train then eval row
+            tracker.log({"loss": 0.5, "epoch": 1.0}, 4)
+            tracker.log({"eval_loss": 0.7, "epoch": 1.0}, 4)
+    result = run("show", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [warning] = result.stderr.splitlines()
+    # before: "... logged again for an earlier or equal step (a resumed run?) ..."
+    assert "logged again at a step that had those keys" in warning and "resumed" not in warning
