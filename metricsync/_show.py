@@ -326,13 +326,20 @@ def _follow(
 
 
 def _signed(value: float, fmt: str | None) -> str:
-    """``value`` in ``fmt`` with a sign (once: a format may write its own ``+``).
+    """``value`` in ``fmt`` with one sign, next to its digits (a format may write its own
+    ``+``, a space for it, or padding).
 
     >>> _signed(0.25, ".3f"), _signed(0.25, "+.3f"), _signed(-0.25, ".3f")
     ('+0.250', '+0.250', '-0.250')
+    >>> _signed(0.25, "+8.3f"), _signed(0.25, "8.3f"), _signed(0.25, " .3f")
+    ('  +0.250', '  +0.250', '+0.250')
     """
     text = format_value(value, fmt)
-    return "+" + text if value > 0 and math.isfinite(value) and text[:1] != "+" else text
+    if not (value > 0 and math.isfinite(value)) or "+" in text:
+        return text
+    digits = text.lstrip()
+    pad = text[: max(len(text) - len(digits) - 1, 0)]  # the sign takes one padding place
+    return pad + "+" + digits
 
 
 def compare(

@@ -113,6 +113,7 @@ class MlflowBackend:
         run = self._client.create_run(experiment_id, run_name=name, tags=dict(tags or {}))
         self.run_id: str = run.info.run_id
         self._keys: dict[str, str] = {}
+        self._taken: set[str] = set()  # the names of self._keys
         self._closed = False
         if config is not None:
             params = [
@@ -144,8 +145,7 @@ class MlflowBackend:
 
     def _name_for(self, key: str) -> str:
         name = mlflow_key(key)
-        taken = set(self._keys.values())
-        if name in taken:  # another key of this run is logged under it
+        if name in self._taken:  # another key of this run is logged under it
             renamed = _tagged(name, key)
             warnings.warn(
                 f"metricsync: MLflow metric {key!r} is logged as {renamed!r}: "
@@ -153,7 +153,8 @@ class MlflowBackend:
                 UserWarning,
                 stacklevel=3,
             )
-            return renamed
+            name = renamed
+        self._taken.add(name)
         return name
 
     def close(self) -> None:

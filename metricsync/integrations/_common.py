@@ -49,20 +49,27 @@ def is_scalar(value: object) -> bool:
 
 def scalars(logs: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of ``logs`` that are one real number (see :func:`is_scalar`), in order;
-    a real number of another kind than int or float (``Fraction``) as a float.
+    a real number of another kind than int or float (``Fraction``) as a float, and an int
+    beyond float64 left out, as a non-number is.
 
     >>> from fractions import Fraction
-    >>> scalars({"ratio": Fraction(1, 4)})
-    {'ratio': 0.25}
+    >>> scalars({"ratio": Fraction(1, 4), "huge": 10**400, "n": 3})
+    {'ratio': 0.25, 'n': 3}
     """
-    return {
-        key: _plain(value)
-        for key, value in logs.items()
-        if isinstance(key, str) and is_scalar(value)
-    }
+    out = {}
+    for key, value in logs.items():
+        if isinstance(key, str) and is_scalar(value):
+            try:
+                out[key] = _plain(value)
+            except OverflowError:  # no float64 holds it
+                continue
+    return out
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, numbers.Real) and not isinstance(value, (int, float, numbers.Integral)):
+    if isinstance(value, int) and not isinstance(value, bool):
+        float(value)  # OverflowError beyond float64
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, (float, numbers.Integral)):
         return value if hasattr(value, "dtype") else float(value)
     return value

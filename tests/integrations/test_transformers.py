@@ -317,3 +317,13 @@ def test_a_fraction_in_the_logs_is_logged_as_a_float() -> None:
     callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs=logs)
     assert logs == {"loss": 0.5, "ratio": 0.25, "tokens": 10.0}
     assert callback.metrics.names == []
+
+
+def test_an_int_beyond_float64_in_the_logs_is_left_out() -> None:
+    callback = MetricsyncCallback(ms.Metrics({"tokens": ms.Spec("sum")}), update_logs=True)
+    callback.metrics.record("tokens", 10)
+    logs = {"loss": 0.5, "huge": 10**400}
+    # before: ValueError from record(), and "loss" and "tokens" stayed to be logged again
+    callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs=logs)
+    assert logs == {"loss": 0.5, "huge": 10**400, "tokens": 10.0}
+    assert callback.metrics.names == []
