@@ -103,9 +103,8 @@ def _choose(available: Sequence[str], keys: str | None, ranks: bool) -> list[str
 
 
 def _warn_repeats(path: Path, superseded: int, overwritten: int) -> None:
-    """Warn of records logged again: for an earlier step (a resumed run?), or of keys
-    logged twice at one step (a trainer's train, eval and summary rows share their step
-    and some keys, so that alone does not say a run was resumed)."""
+    """Warn of records logged again for an earlier step (a resumed run?), or of keys logged
+    again at their step (a trainer's train and eval rows share a step and keys)."""
     if superseded:
         warnings.warn(
             f"{path}: {superseded + overwritten} record(s) logged again for an earlier or equal "
