@@ -47,6 +47,7 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/record.py
 	$(PY) bench/sync.py
 	$(PY) bench/several.py
+	$(PY) bench/merge.py
 	$(PY) bench/quantiles.py
 	$(PY) bench/async.py
 	$(PY) bench/cli.py

@@ -54,7 +54,7 @@ from ._errors import CodecError, MetricsyncError
 from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
-from ._table import StateTable
+from ._table import StateTable, token_of
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -67,9 +67,17 @@ _MIN_SIZE = _HEAD.size + _CRC.size
 
 def encode(rules: SpecTable, table: StateTable) -> bytes:
     """Encode spec rules and a state table."""
+    texts: dict[Spec, str] = {}  # each distinct spec's JSON, made once (a table repeats few)
+
+    def text(spec: Spec) -> str:
+        found = texts.get(spec)
+        if found is None:
+            found = texts[spec] = spec.to_json()
+        return found
+
     header: dict[str, list[Any]] = {
-        "rules": [[key, spec.to_json()] for key, spec in rules.rules()],
-        "slots": [[name, spec.to_json()] for name, spec in zip(table.names, table.specs)],
+        "rules": [[key, text(spec)] for key, spec in rules.rules()],
+        "slots": [[name, text(spec)] for name, spec in zip(table.names, table.specs)],
         "sketch": [[slot, len(cells)] for slot, cells in sorted(table.sketches.items())],
         "agg": [[slot, len(agg)] for slot, agg in sorted(table.aggs.items())],
     }
@@ -206,7 +214,11 @@ def _build(header: Any, body: memoryview) -> tuple[SpecTable, StateTable]:
         offset += 16 * len(ranked)
     if offset != len(body):
         raise CodecError(f"{len(body) - offset} unexplained trailing body bytes")
-    table = StateTable.from_parts(names, slot_specs, cols, cells, agg_of)
+    # the token of the tables of these names and specs: merging decoded results (a single
+    # controller's workers, every step) finds what earlier merges of them worked out
+    table = StateTable.from_parts(
+        names, slot_specs, cols, cells, agg_of, token=token_of(names, slot_specs)
+    )
     _check_counts(table)
     return table_rules, table
 

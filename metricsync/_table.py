@@ -33,7 +33,7 @@ from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
 
-__all__ = ["Parts", "StateTable", "identity"]
+__all__ = ["Parts", "StateTable", "identity", "token_of"]
 
 
 @dataclass
@@ -70,6 +70,23 @@ def _derived(token: object, slot: int, name: str, spec: Spec) -> object:
             _TOKENS.clear()
         derived = _TOKENS[key] = object()
     return derived
+
+
+def token_of(names: Sequence[str], specs: Sequence[Spec]) -> object:
+    """The token a table gets by opening ``names`` with ``specs`` in this order (see
+    :func:`_derived`): a decoded table shares it with the tables it was encoded from.
+
+    >>> from metricsync._spec import Spec
+    >>> t = StateTable(); t.slot("a", Spec()); t.slot("b", Spec("max"))
+    0
+    1
+    >>> token_of(["a", "b"], [Spec(), Spec("max")]) is t.token
+    True
+    """
+    token = _EMPTY
+    for slot, (name, spec) in enumerate(zip(names, specs)):
+        token = _derived(token, slot, name, spec)
+    return token
 
 
 class StateTable:
@@ -119,13 +136,16 @@ class StateTable:
         index: dict[str, int] | None = None,
         plan: Plan | None = None,
         complete: bool = False,
+        token: object | None = None,
     ) -> StateTable:
         """A table over given parts; the name lists are shared (copied before any change).
 
         ``plan``, if given, is the :class:`Plan` of exactly these names and specs;
         ``complete`` says ``sketches`` and ``aggs`` hold every slot whose spec needs one.
         """
-        return cls(Parts(names, specs, cols, sketches, aggs, index, plan, complete=complete))
+        return cls(
+            Parts(names, specs, cols, sketches, aggs, index, plan, token=token, complete=complete)
+        )
 
     def __len__(self) -> int:
         return len(self.names)
