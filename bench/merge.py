@@ -28,27 +28,14 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from step import SPECS, make_data
+from step import SPECS, make_data, record_step
 
 import metricsync as ms
 
 
 def _ours(rank: int) -> ms.Metrics:
-    data = make_data(rank, 8)
     m = ms.Metrics(SPECS)
-    record = m.record
-    for mb in data["mbs"]:
-        for name, t in mb["scalars"]:
-            record(name, t)
-        for name, t in mb["tokens"]:
-            record(name, t, mask=mb["mask"])
-        record("response_length", mb["resp_len"])
-        record("prompt_length", mb["prompt_len"])
-    for name, v in data["timing"]:
-        record(name, v)
-    for name, v in data["perf"]:
-        record(name, v)
-    record("actor/lr", data["lr"])
+    record_step(m, make_data(rank, 8))
     return m
 
 

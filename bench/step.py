@@ -227,10 +227,8 @@ def make_data(rank: int, micro_batches: int) -> dict[str, Any]:
     }
 
 
-def metricsync_step(
-    metrics: ms.Metrics, data: dict[str, Any], times: dict[str, float]
-) -> dict[str, float]:
-    t0 = time.perf_counter()
+def record_step(metrics: ms.Metrics, data: dict[str, Any]) -> None:
+    """One step's records into ``metrics`` (what each rank records before it syncs)."""
     record = metrics.record
     for mb in data["mbs"]:
         for name, t in mb["scalars"]:
@@ -245,6 +243,13 @@ def metricsync_step(
     for name, v in data["perf"]:
         record(name, v)
     record("actor/lr", data["lr"])
+
+
+def metricsync_step(
+    metrics: ms.Metrics, data: dict[str, Any], times: dict[str, float]
+) -> dict[str, float]:
+    t0 = time.perf_counter()
+    record_step(metrics, data)
     t1 = time.perf_counter()
     synced = metrics.sync()
     t2 = time.perf_counter()
