@@ -19,6 +19,7 @@ from typing import Protocol
 
 from ._errors import SpecMismatchError
 from ._spec import DEFAULT_SPEC, Spec, canonical
+from ._tokens import derived
 
 __all__ = ["Slots", "SpecTable", "agree", "merged_rules"]
 
@@ -85,26 +86,6 @@ _INDEXES: dict[frozenset[tuple[str, Spec]], _GlobIndex] = {}
 
 
 _NO_RULES = object()  # the token of every table without rules
-_TOKENS: dict[tuple[object, str, Spec | None], object] = {}  # see _next_token
-
-
-def _next_token(token: object, key: str, spec: Spec | None) -> object:
-    """The token of a rule table of token ``token`` once ``key -> spec`` is added: the same
-    for every table that added the same rules in the same order from none (copies share
-    theirs), so what is worked out per rule set (a merge's agreement, a sync's check of
-    the names a rank lacks) is worked out once for the ``Metrics`` of the same rules.
-
-    >>> a, b = SpecTable({"x": Spec("max")}), SpecTable({"x": Spec("max")})
-    >>> a.token is b.token, a.token is SpecTable({"x": Spec("min")}).token
-    (True, False)
-    """
-    key_of = (token, key, spec)
-    derived = _TOKENS.get(key_of)
-    if derived is None:
-        if len(_TOKENS) >= 1 << 16:  # a bound: later tables get new tokens, and rework
-            _TOKENS.clear()
-        derived = _TOKENS.setdefault(key_of, object())
-    return derived
 
 
 def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
@@ -129,6 +110,9 @@ class SpecTable:
     >>> table = SpecTable({"timing/*": Spec("max"), "timing/gen": Spec("sum")})
     >>> table.resolve("timing/step"), table.resolve("timing/gen"), table.resolve("loss")
     (Spec('max'), Spec('sum'), Spec('mean'))
+    >>> a, b = SpecTable({"x": Spec("max")}), SpecTable({"x": Spec("max")})
+    >>> a.token is b.token, a.token is SpecTable({"x": Spec("min")}).token
+    (True, False)
     """
 
     def __init__(self, rules: dict[str, Spec] | None = None) -> None:
@@ -136,7 +120,10 @@ class SpecTable:
         self._globs: dict[str, Spec] = {}
         self._glob_index = _NO_GLOBS
         self._shared = False
-        self.token = _NO_RULES  # stands for these rules: see _next_token
+        # stands for these rules (metricsync._tokens): tables that added the same rules in
+        # the same order share it, so what is worked out per rule set (a merge's agreement,
+        # a sync's check of the names a rank lacks) is worked out once for them
+        self.token = _NO_RULES
         for key, spec in (rules or {}).items():
             self.add(key, spec)
 
@@ -190,7 +177,7 @@ class SpecTable:
             self._globs[key] = canonical(spec)
         else:
             self._exact[key] = canonical(spec)
-        self.token = _next_token(self.token, key, self.rule_for(key))
+        self.token = derived(self.token, key, self.rule_for(key))
         return True
 
     def _sort_globs(self) -> None:

@@ -32,6 +32,7 @@ from ._errors import SpecMismatchError
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
+from ._tokens import derived
 
 __all__ = ["Parts", "StateTable", "identity", "token_of"]
 
@@ -55,21 +56,14 @@ class Parts:
 _PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
 _PLANS_LOCK = threading.Lock()
 _EMPTY = object()  # the token of every table without slots
-_TOKENS: dict[tuple[object, int, str, Spec], object] = {}  # see _derived
 
 
 def _derived(token: object, slot: int, name: str, spec: Spec) -> object:
     """The token of a table of token ``token`` whose ``slot`` now holds ``name`` with
-    ``spec``: the same for every table that made the same changes from no slots, so
-    tables of the same names and specs (a ``Metrics`` made anew each step) share what is
-    cached by token (the output plan, the fold's spec info, placements in a layout)."""
-    key = (token, slot, name, spec)
-    derived = _TOKENS.get(key)
-    if derived is None:
-        if len(_TOKENS) >= 1 << 16:  # a bound: later tables get new tokens, and rebuild
-            _TOKENS.clear()
-        derived = _TOKENS[key] = object()
-    return derived
+    ``spec`` (:func:`metricsync._tokens.derived`): tables of the same names and specs (a
+    ``Metrics`` made anew each step) share what is cached by token (the output plan, the
+    fold's spec info, placements in a layout)."""
+    return derived(token, slot, name, spec)
 
 
 def token_of(names: Sequence[str], specs: Sequence[Spec]) -> object:
