@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -294,28 +294,33 @@ def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> n
     this group) are answered for every position at once, kept per rules and layout, so
     syncing a small ``Metrics`` in turn with a large one resolves no name again.
     """
+    out = np.zeros(len(layout), dtype=bool)
     if rules.empty():
-        return np.zeros(len(layout), dtype=bool)
+        return out
     missing = np.flatnonzero(~mine)
     if len(missing) <= _FEW_MISSING:
-        out = np.zeros(len(layout), dtype=bool)
-        for i in missing.tolist():
-            rule = rules.explicit(layout.names[i])
-            out[i] = rule is not None and rule != layout.specs[i]
+        out[missing] = _ruled_otherwise(rules, layout, missing.tolist())
         return out
     key = (rules.token, layout.fingerprint)
     with _OTHERWISE_LOCK:
         every = _OTHERWISE.get(key)
     if every is None:
-        rules_of = map(rules.explicit, layout.names)
-        every = np.fromiter(
-            (r is not None and r != s for r, s in zip(rules_of, layout.specs)), bool, len(layout)
-        )
+        every = _ruled_otherwise(rules, layout, range(len(layout)))
         with _OTHERWISE_LOCK:
             if len(_OTHERWISE) >= 16:  # a bound: rules and layouts of the latest syncs
                 _OTHERWISE.pop(next(iter(_OTHERWISE)))
             _OTHERWISE[key] = every
     return every & ~mine
+
+
+def _ruled_otherwise(rules: SpecTable, layout: Layout, positions: Iterable[int]) -> np.ndarray:
+    """Per position of ``positions``: a rule gives the layout's name there another spec."""
+    names, specs = layout.names, layout.specs
+    differs = []
+    for i in positions:
+        rule = rules.explicit(names[i])
+        differs.append(rule is not None and rule != specs[i])
+    return np.array(differs, dtype=bool)
 
 
 _FEW_MISSING = 64  #: layout positions a rank lacks that _declared_otherwise looks up one by one
