@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,8 @@ from ._errors import CodecError, MetricsyncError
 from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
-from ._table import StateTable, token_of
+from ._table import StateTable
+from ._tokens import token_of
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -67,6 +69,46 @@ _MIN_SIZE = _HEAD.size + _CRC.size
 
 def encode(rules: SpecTable, table: StateTable) -> bytes:
     """Encode spec rules and a state table."""
+    head = _head_of(rules, table)
+    state = table.state
+    parts = [np.ascontiguousarray(state[: al.NCOL].T).astype("<f8").tobytes()]
+    parts += [table.sketches[slot].astype("<f8").tobytes() for slot in head.sketched]
+    parts += [table.aggs[slot].astype("<f8").tobytes() for slot in head.aggregated]
+    if head.ranked:
+        rows = state[al.MAXRANK :, head.ranked]
+        parts.append(np.ascontiguousarray(rows.T).astype("<f8").tobytes())
+    body = b"".join(parts)
+    blob = _HEAD.pack(MAGIC, FORMAT_VERSION, 0, len(head.text), len(body)) + head.text + body
+    return blob + _CRC.pack(zlib.crc32(blob))
+
+
+@dataclass(frozen=True)
+class _Head:
+    """An encoded header and the slots whose parts the body carries, in order."""
+
+    text: bytes
+    sketched: list[int]
+    aggregated: list[int]
+    ranked: list[int]
+
+
+#: (rules token, table token) -> the header of those rules, names and specs: a worker
+#: that returns its results every step encodes the same header each time
+_HEADS: dict[tuple[object, object], _Head] = {}
+
+
+def _head_of(rules: SpecTable, table: StateTable) -> _Head:
+    key = (rules.token, table.token)
+    head = _HEADS.get(key)
+    if head is None:
+        head = _new_head(rules, table)
+        if len(_HEADS) >= _KEPT:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
+def _new_head(rules: SpecTable, table: StateTable) -> _Head:
     texts: dict[Spec, str] = {}  # each distinct spec's JSON, made once (a table repeats few)
 
     def text(spec: Spec) -> str:
@@ -75,25 +117,20 @@ def encode(rules: SpecTable, table: StateTable) -> bytes:
             found = texts[spec] = spec.to_json()
         return found
 
+    specs = table.specs
+    sketched = sorted(table.sketches)
+    aggregated = sorted(table.aggs)
     header: dict[str, list[Any]] = {
         "rules": [[key, text(spec)] for key, spec in rules.rules()],
-        "slots": [[name, text(spec)] for name, spec in zip(table.names, table.specs)],
-        "sketch": [[slot, len(cells)] for slot, cells in sorted(table.sketches.items())],
-        "agg": [[slot, len(agg)] for slot, agg in sorted(table.aggs.items())],
+        "slots": [[name, text(spec)] for name, spec in zip(table.names, specs)],
+        "sketch": [[slot, len(table.sketches[slot])] for slot in sketched],
+        "agg": [[slot, len(table.aggs[slot])] for slot in aggregated],
     }
-    ranked = [slot for slot, spec in enumerate(table.specs) if spec.argrank]
+    ranked = [slot for slot, spec in enumerate(specs) if spec.argrank]
     if ranked:
         header["ranks"] = ranked
-    state = table.state
-    parts = [np.ascontiguousarray(state[: al.NCOL].T).astype("<f8").tobytes()]
-    parts += [table.sketches[slot].astype("<f8").tobytes() for slot, _ in header["sketch"]]
-    parts += [table.aggs[slot].astype("<f8").tobytes() for slot, _ in header["agg"]]
-    if ranked:
-        parts.append(np.ascontiguousarray(state[al.MAXRANK :, ranked].T).astype("<f8").tobytes())
-    body = b"".join(parts)
-    head_bytes = json.dumps(header, separators=(",", ":")).encode()
-    blob = _HEAD.pack(MAGIC, FORMAT_VERSION, 0, len(head_bytes), len(body)) + head_bytes + body
-    return blob + _CRC.pack(zlib.crc32(blob))
+    text_bytes = json.dumps(header, separators=(",", ":")).encode()
+    return _Head(text_bytes, sketched, aggregated, ranked)
 
 
 def decode(data: Any) -> tuple[SpecTable, StateTable]:
@@ -120,12 +157,12 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
             f"{len(data) - _MIN_SIZE} are present"
         )
     (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    if zlib.crc32(data[: -_CRC.size]) != crc:
+    view = memoryview(data)
+    if zlib.crc32(view[: -_CRC.size]) != crc:
         raise CodecError("checksum mismatch: the blob is corrupted")
     try:
-        header = json.loads(data[_HEAD.size : _HEAD.size + head_len].decode("utf-8"))
-        body = memoryview(data)[_HEAD.size + head_len : len(data) - _CRC.size]
-        return _build(header, body)
+        shape = _shape_of(data[_HEAD.size : _HEAD.size + head_len])
+        return shape.rules.copy(), _read(shape, view[_HEAD.size + head_len : -_CRC.size])
     except CodecError:
         raise
     except (
@@ -158,7 +195,38 @@ def _pairs(header: dict[str, Any], key: str, kinds: tuple[type, type]) -> list[A
     return items
 
 
-def _build(header: Any, body: memoryview) -> tuple[SpecTable, StateTable]:
+@dataclass(frozen=True)
+class _Shape:
+    """What a header says, checked: rules, names, specs, and the parts the body holds."""
+
+    rules: SpecTable  # handed out as copies
+    names: list[str]  # shared by the tables decoded from this header (copied on change)
+    specs: list[Spec]
+    index: dict[str, int]
+    token: object
+    sketches: list[tuple[int, int]]  # (slot, cells)
+    aggs: list[tuple[int, int]]  # (slot, rows)
+    ranked: list[int]
+    need: int  # bytes of the body
+
+
+#: header bytes -> their checked shape: a single controller decodes its workers'
+#: results every step, and each worker's header is the same each time
+_SHAPES: dict[bytes, _Shape] = {}
+_KEPT = 16  #: headers kept by each of the encoder and the decoder
+
+
+def _shape_of(text: bytes) -> _Shape:
+    shape = _SHAPES.get(text)
+    if shape is None:
+        shape = _new_shape(json.loads(text.decode("utf-8")))
+        if len(_SHAPES) >= _KEPT:
+            _SHAPES.clear()
+        _SHAPES[text] = shape
+    return shape
+
+
+def _new_shape(header: Any) -> _Shape:
     if not isinstance(header, dict):
         raise CodecError("header must be a JSON object")
     rules = _pairs(header, "rules", (str, str))
@@ -176,51 +244,65 @@ def _build(header: Any, body: memoryview) -> tuple[SpecTable, StateTable]:
         raise CodecError(f"malformed rules: {exc}") from None
     slot_specs = [_spec_of(text, specs) for _, text in slots]
     n = len(slots)
-    offset = n * al.NCOL * 8
-    need = offset + sum(
-        8 * sketch_layout(spec.accuracy).n_cells for spec in slot_specs if spec.needs_sketch
-    )
-    need += sum(8 * ACOL * len(spec.reduce) for spec in slot_specs if spec.across != "exact")
-    need += 16 * sum(1 for spec in slot_specs if spec.argrank)
-    if need != len(body):  # checked before any state is allocated
-        raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
     names = [name for name, _ in slots]
     if len(set(names)) != n or not all(names):
         raise CodecError("empty or repeated metric name")
-    cols = al.identity(n)
-    cols[: al.NCOL] = np.frombuffer(body[:offset], dtype="<f8").reshape(n, al.NCOL).T
-    want_sketch = [s for s, spec in enumerate(slot_specs) if spec.needs_sketch]
-    if [slot for slot, _ in sketches] != want_sketch:
+    if [slot for slot, _ in sketches] != [s for s, sp in enumerate(slot_specs) if sp.needs_sketch]:
         raise CodecError("sketch entries do not match the quantile metrics")
-    cells: dict[int, np.ndarray] = {}
     for slot, size in sketches:
         if size != sketch_layout(slot_specs[slot].accuracy).n_cells:
             raise CodecError(f"sketch of metric {names[slot]!r} has {size} cells")
-        cells[slot] = _take(body, offset, size).copy()
-        offset += size * 8
-    want_agg = [s for s, spec in enumerate(slot_specs) if spec.across != "exact"]
-    if [slot for slot, _ in aggs] != want_agg:
+    if [slot for slot, _ in aggs] != [s for s, sp in enumerate(slot_specs) if sp.across != "exact"]:
         raise CodecError("aggregate entries do not match the across metrics")
-    agg_of: dict[int, np.ndarray] = {}
     for slot, count in aggs:
         if count != len(slot_specs[slot].reduce):
             raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
-        agg_of[slot] = _take(body, offset, count * ACOL).reshape(count, ACOL).copy()
-        offset += count * ACOL * 8
     if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
         raise CodecError("rank entries do not match the argrank metrics")
-    if ranked:
-        cols[al.MAXRANK :, ranked] = _take(body, offset, 2 * len(ranked)).reshape(-1, 2).T
-        offset += 16 * len(ranked)
-    if offset != len(body):
-        raise CodecError(f"{len(body) - offset} unexplained trailing body bytes")
+    need = n * al.NCOL + sum(size for _, size in sketches)
+    need += sum(ACOL * count for _, count in aggs) + 2 * len(ranked)
     # the token of the tables of these names and specs: merging decoded results (a single
     # controller's workers, every step) finds what earlier merges of them worked out
+    token = token_of(names, slot_specs)
+    index = {name: slot for slot, name in enumerate(names)}
+    return _Shape(table_rules, names, slot_specs, index, token, sketches, aggs, ranked, 8 * need)
+
+
+def _read(shape: _Shape, body: memoryview) -> StateTable:
+    """The table a body of ``shape`` holds; checked before any state is allocated."""
+    if shape.need != len(body):
+        raise CodecError(
+            f"body holds {len(body)} bytes, the header's {len(shape.names)} metrics need "
+            f"{shape.need}"
+        )
+    n = len(shape.names)
+    offset = n * al.NCOL * 8
+    cols = al.identity(n)
+    cols[: al.NCOL] = np.frombuffer(body[:offset], dtype="<f8").reshape(n, al.NCOL).T
+    cells: dict[int, np.ndarray] = {}
+    for slot, size in shape.sketches:
+        cells[slot] = _take(body, offset, size).copy()
+        offset += size * 8
+    agg_of: dict[int, np.ndarray] = {}
+    for slot, count in shape.aggs:
+        agg_of[slot] = _take(body, offset, count * ACOL).reshape(count, ACOL).copy()
+        offset += count * ACOL * 8
+    if shape.ranked:
+        cols[al.MAXRANK :, shape.ranked] = (
+            _take(body, offset, 2 * len(shape.ranked)).reshape(-1, 2).T
+        )
     table = StateTable.from_parts(
-        names, slot_specs, cols, cells, agg_of, token=token_of(names, slot_specs)
+        shape.names,
+        shape.specs,
+        cols,
+        cells,
+        agg_of,
+        index=shape.index,
+        complete=True,
+        token=shape.token,
     )
     _check_counts(table)
-    return table_rules, table
+    return table
 
 
 def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:

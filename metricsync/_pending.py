@@ -229,9 +229,23 @@ class HostPending:
         """Slots with pending array samples."""
         return set(self._meta[0]) | set(self._rows.slot)
 
+    def untouched(self) -> bool:
+        """Whether nothing was ever opened or recorded here (a decoded result's store).
+
+        >>> pending = HostPending(); pending.untouched()
+        True
+        >>> pending.open("x", Spec()); pending.untouched()
+        False
+        """
+        return not (
+            self.fast or self.weighted or self._retired or self._arrays or self._used
+        ) and not (len(self._meta[0]) or len(self._rows.slot))
+
     def take(self, index: Mapping[str, int], consume: bool) -> Batch | None:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
         buffers, else they are read by copy and left as they are."""
+        if self.untouched():
+            return None
         now = al.now_us()
         runs = Runs()
         kept: list[tuple[str, Any, int]] = []

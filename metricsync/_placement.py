@@ -12,7 +12,7 @@ and a miss starts, where it can, from a cached placement:
   (a table only ever appends slots): only the appended names are looked up.
 
 A table with the same names and specs as another, made in the same order (a
-``Metrics`` made anew each step), has its token (``_table._derived``), so it
+``Metrics`` made anew each step), has its token (``_tokens.slot_token``), so it
 finds that table's placement under its own key.
 
 Added names are looked up one by one in Python, every name of a fresh

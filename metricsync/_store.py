@@ -382,8 +382,7 @@ class Store:
         """Merge another Metrics' rules and snapshot in; it counts as one rank."""
         with self.lock:
             self._changes += 1
-            # both sides' names, specs and rules, by token: a pair that agreed and changed no
-            # slot's spec agrees again (workers' results merged at every step check once)
+            # by token: a pair that agreed, changing no spec, agrees again (workers' results)
             key = (self.table.token, self.rules.token, table.token, rules.token)
             if (merged := _AGREED.get(key)) is not None:
                 self._apply_rules(merged.copy(), {})
@@ -395,6 +394,7 @@ class Store:
                         _AGREED.clear()
                     _AGREED[key] = merged.copy()
                 self._apply_rules(merged, changes)
+            held = len(self.table.names)
             self.table.absorb(table)
-            for name, spec in zip(table.names, table.specs):
-                self.pending.open(name, spec)
+            for name, spec in zip(self.table.names[held:], self.table.specs[held:]):
+                self.pending.open(name, spec)  # the names it gained

@@ -32,9 +32,9 @@ from ._errors import SpecMismatchError
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
-from ._tokens import derived
+from ._tokens import EMPTY_TABLE, slot_token
 
-__all__ = ["Parts", "StateTable", "identity", "token_of"]
+__all__ = ["Parts", "StateTable", "identity"]
 
 
 @dataclass
@@ -55,32 +55,8 @@ class Parts:
 
 _PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
 _PLANS_LOCK = threading.Lock()
-_EMPTY = object()  # the token of every table without slots
-
-
-def _derived(token: object, slot: int, name: str, spec: Spec) -> object:
-    """The token of a table of token ``token`` whose ``slot`` now holds ``name`` with
-    ``spec`` (:func:`metricsync._tokens.derived`): tables of the same names and specs (a
-    ``Metrics`` made anew each step) share what is cached by token (the output plan, the
-    fold's spec info, placements in a layout)."""
-    return derived(token, slot, name, spec)
-
-
-def token_of(names: Sequence[str], specs: Sequence[Spec]) -> object:
-    """The token a table gets by opening ``names`` with ``specs`` in this order (see
-    :func:`_derived`): a decoded table shares it with the tables it was encoded from.
-
-    >>> from metricsync._spec import Spec
-    >>> t = StateTable(); t.slot("a", Spec()); t.slot("b", Spec("max"))
-    0
-    1
-    >>> token_of(["a", "b"], [Spec(), Spec("max")]) is t.token
-    True
-    """
-    token = _EMPTY
-    for slot, (name, spec) in enumerate(zip(names, specs)):
-        token = _derived(token, slot, name, spec)
-    return token
+#: (token, other token) -> the slots of the other table's names in this one, see ``absorb``
+_SLOTS: dict[tuple[object, object], np.ndarray] = {}
 
 
 class StateTable:
@@ -95,8 +71,8 @@ class StateTable:
         self.aggs: dict[int, np.ndarray] = {}
         self._plan: Plan | None = None
         self._shared = False  # names/index/specs are shared with a copy or a sync layout
-        # stands for these names and specs (see _derived); replaced when they change
-        self.token = _EMPTY if parts is None else object()
+        # stands for these names and specs (see metricsync._tokens); replaced when they change
+        self.token = EMPTY_TABLE if parts is None else object()
         self._blank = True  # every slot holds the identity state
         if parts is not None:
             self._adopt(parts)
@@ -176,7 +152,7 @@ class StateTable:
 
     def _configure(self, slot: int, spec: Spec) -> None:
         self._plan = None
-        self.token = _derived(self.token, slot, self.names[slot], spec)
+        self.token = slot_token(self.token, slot, self.names[slot], spec)
         self.sketches.pop(slot, None)
         if spec.needs_sketch:
             self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
@@ -245,19 +221,24 @@ class StateTable:
     def absorb(self, other: StateTable) -> None:
         """Merge ``other`` in as one rank (specs already agreed): exact metrics pool samples,
         ``across`` metrics add ``other``'s own result as a rank after its finished ranks."""
-        mine = self.slots_of(other.names, other.specs)
-        theirs = np.arange(len(other.names))
-        exact = np.array([s.across == "exact" for s in other.specs], dtype=bool)
-        if exact.any():
-            self.merge_state(np.asarray(mine)[exact], other.state[:, exact])
-            for t in theirs[exact].tolist():
-                if t in other.sketches:
+        at = self._slots_for(other)
+        mine = at.tolist()
+        across = other.plan().across
+        exact = np.ones(len(mine), dtype=bool)
+        exact[across] = False
+        if len(across) < len(mine):
+            if across:
+                self.merge_state(at[exact], other.state[:, exact])
+            else:
+                self.merge_state(at, other.state)
+            for t, cells in other.sketches.items():
+                if exact[t]:
                     with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
-                        self.sketches[mine[t]] += other.sketches[t]
-        if exact.all():
+                        self.sketches[mine[t]] += cells
+        if not across:
             return
         own = other.own_values()
-        for t in theirs[~exact].tolist():
+        for t in across:
             spec, m = other.specs[t], mine[t]
             first = spec.across == "first"
             agg = other.aggs[t]
@@ -266,6 +247,32 @@ class StateTable:
             self.aggs[m] = merge_aggregates(self.aggs[m], agg, first)
             self.cols[DROP, m] += other.cols[DROP, t]
             self._blank = False
+
+    def _slots_for(self, other: StateTable) -> np.ndarray:
+        """:meth:`slots_of` ``other``'s names, worked out once per pair of tokens (a single
+        controller merges the same shapes every step); an empty table takes ``other``'s
+        names, specs and index as a copy would (shared until either side changes them)."""
+        if not self.names:
+            n = len(other.names)
+            other._shared = True
+            self.names, self.specs, self.index = other.names, other.specs, other.index
+            self._shared, self.token, self._plan = True, other.token, other._current_plan()
+            self.cols = identity(n)
+            self.sketches = {t: np.zeros_like(cells) for t, cells in other.sketches.items()}
+            self.aggs = {t: empty_aggregate(len(agg)) for t, agg in other.aggs.items()}
+            self._blank = True
+            return np.arange(n)
+        key = (self.token, other.token)
+        at = _SLOTS.get(key)
+        if at is None:
+            at = np.array(self.slots_of(other.names, other.specs), dtype=np.intp)
+            if len(_SLOTS) >= 64:  # a bound: the pairs of the latest merges
+                _SLOTS.clear()
+            _SLOTS[key] = at
+        else:  # the same names and specs on both sides: create what that merge created
+            for t in np.flatnonzero(at >= len(self.names)).tolist():
+                self.slot(other.names[t], other.specs[t])
+        return at
 
     def own_values(self) -> dict[int, np.ndarray]:
         """Each ``across`` slot's statistics from its own samples (its rank's result)."""

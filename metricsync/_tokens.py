@@ -14,9 +14,13 @@ once for both.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["derived"]
+if TYPE_CHECKING:
+    from ._spec import Spec
+
+__all__ = ["EMPTY_TABLE", "derived", "slot_token", "token_of"]
 
 #: (token, change ...) -> the token after that change
 _DERIVED: dict[tuple[Hashable, ...], object] = {}
@@ -32,3 +36,32 @@ def derived(token: object, *change: Hashable) -> object:
             _DERIVED.clear()
         found = _DERIVED.setdefault(key, object())
     return found
+
+
+EMPTY_TABLE = object()  #: the token of every state table without slots
+
+
+def slot_token(token: object, slot: int, name: str, spec: Spec) -> object:
+    """The token of a state table of token ``token`` whose ``slot`` now holds ``name``
+    with ``spec``: tables of the same names and specs (a ``Metrics`` made anew each step)
+    share what is cached by token (the output plan, the fold's spec info, placements in a
+    layout, the slots one table's names have in another)."""
+    return derived(token, slot, name, spec)
+
+
+def token_of(names: Sequence[str], specs: Sequence[Spec]) -> object:
+    """The token a state table gets by opening ``names`` with ``specs`` in this order: a
+    decoded table shares it with the tables it was encoded from.
+
+    >>> from metricsync._spec import Spec
+    >>> from metricsync._table import StateTable
+    >>> t = StateTable(); t.slot("a", Spec()); t.slot("b", Spec("max"))
+    0
+    1
+    >>> token_of(["a", "b"], [Spec(), Spec("max")]) is t.token
+    True
+    """
+    token = EMPTY_TABLE
+    for slot, (name, spec) in enumerate(zip(names, specs)):
+        token = slot_token(token, slot, name, spec)
+    return token

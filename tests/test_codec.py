@@ -83,6 +83,67 @@ def test_no_pickle_in_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ms.Metrics.from_bytes(blob).compute() == _rich().compute()
 
 
+def _with_body(blob: bytes, body: bytes) -> bytes:
+    """``blob`` with another body behind the very same header bytes."""
+    _, _, _, head_len, _ = HEAD.unpack_from(blob)
+    head = blob[HEAD.size : HEAD.size + head_len]
+    out = HEAD.pack(b"MSYN", 1, 0, len(head), len(body)) + head + body
+    return out + struct.pack("<I", zlib.crc32(out))
+
+
+def test_a_header_decoded_again_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single controller decodes its workers' results every step: the second decode of
+    a header parses no spec, and its tables are independent of the first's."""
+    m = _rich()
+    blob = m.to_bytes()
+    first = ms.Metrics.from_bytes(blob)
+    parsed = []
+    original = ms.Spec.from_json.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        ms.Spec,
+        "from_json",
+        classmethod(lambda cls, text: parsed.append(text) or original(cls, text)),
+    )
+    second = ms.Metrics.from_bytes(blob)
+    assert parsed == []  # before: every distinct spec of the header
+    assert second.compute() == first.compute() == m.compute()
+    first.record("only/first", 1.0)
+    first.define("fresh/*", ms.Spec("sum"))
+    first.record("len", 1e6)
+    assert "only/first" not in second.compute() and second.compute() == m.compute()
+    assert second.spec("fresh/x") == ms.Spec()
+    assert ms.Metrics.from_bytes(blob).compute() == m.compute()
+
+
+def test_a_known_header_still_checks_its_body() -> None:
+    """The kept shape of a header covers the header alone: a body that no record makes,
+    or of another length, behind a header decoded before still raises."""
+    m = ms.Metrics({"x": ms.Spec(("mean", "p50"))})
+    m.record("x", [1.0, 2.0, 4.0])
+    blob = m.to_bytes()
+    assert ms.Metrics.from_bytes(blob).compute() == m.compute()
+    _, body = _split(blob)
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    rows[0] = -1.0  # the first state row is the weight sum: negative
+    with pytest.raises(ms.CodecError, match="negative"):
+        ms.Metrics.from_bytes(_with_body(blob, rows.tobytes()))
+    with pytest.raises(ms.CodecError, match="body holds"):
+        ms.Metrics.from_bytes(_with_body(blob, body[:-8]))
+    assert ms.Metrics.from_bytes(_with_body(blob, body)).compute() == m.compute()
+
+
+def test_a_header_encoded_again_follows_new_rules_and_names() -> None:
+    m = ms.Metrics({"x": ms.Spec("max")})
+    m.record("x", 2.0)
+    assert ms.Metrics.from_bytes(m.to_bytes()).compute() == {"x": 2.0}
+    m.define("t/*", ms.Spec("sum"))
+    back = ms.Metrics.from_bytes(m.to_bytes())
+    assert back.spec("t/a") == ms.Spec("sum")
+    m.record("t/a", 3.0)
+    m.record("t/a", 4.0)
+    assert ms.Metrics.from_bytes(m.to_bytes()).compute() == {"x": 2.0, "t/a": 7.0}
+
+
 def test_empty_round_trip() -> None:
     blob = ms.Metrics().to_bytes()
     assert ms.Metrics.from_bytes(blob).compute() == {}

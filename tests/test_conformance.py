@@ -420,6 +420,51 @@ def test_a_pair_merged_again_is_checked_from_what_agreed_before(
             ms.merge([worker(0), worker(1), worker(2, ms.Spec("sum"))])
 
 
+def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single controller's step: the workers' results arrive decoded and are merged into
+    a new result. From the second step the slots of their names are known by token (no
+    name looked up); the result equals numpy over the samples, and it and the first part
+    (whose names it takes) change apart."""
+    from metricsync._table import StateTable
+
+    def worker(rank: int) -> bytes:
+        m = ms.Metrics({"t/*": ms.Spec("max"), "g": ms.Spec("mean", across="mean")})
+        for i in range(5):
+            m.record(f"loss/{i}", float(i * rank))
+        m.record("t/step", 0.1 * (rank + 1))
+        m.record("g", [1.0, 2.0 * rank])
+        if rank % 2:
+            m.record(f"odd/{rank}", float(rank))
+        return m.to_bytes()
+
+    blobs = [worker(r) for r in range(4)]
+    want = {f"loss/{i}": float(np.mean([i * r for r in range(4)])) for i in range(5)}
+    want |= {"t/step": 0.4, "odd/1": 1.0, "odd/3": 3.0}
+    want["g"] = float(np.mean([np.mean([1.0, 2.0 * r]) for r in range(4)]))
+    lookups = [0]
+    original = StateTable.slots_of
+
+    def counted(self: StateTable, names: Any, specs: Any) -> list[int]:
+        lookups[0] += 1
+        return original(self, names, specs)
+
+    monkeypatch.setattr(StateTable, "slots_of", counted)
+    seen = []
+    for _ in range(2):
+        parts = [ms.Metrics.from_bytes(b) for b in blobs]
+        lookups[0] = 0
+        result = ms.merge(parts)
+        seen.append(lookups[0])
+        got = result.compute()
+        assert got.keys() == want.keys()
+        assert all(math.isclose(got[k], want[k], rel_tol=1e-12) for k in want), got
+    assert seen[0] > 0 and seen[1] == 0
+    result.record("only/result", 1.0)
+    parts[0].record("only/part", 2.0)
+    assert "only/result" not in parts[0].compute() and "only/part" not in result.compute()
+    assert ms.merge([ms.Metrics.from_bytes(b) for b in blobs]).compute() == got
+
+
 def test_last_follows_record_time_not_merge_order() -> None:
     for reverse in (False, True):
         a, b = ms.Metrics({"lr": ms.Spec("last")}), ms.Metrics({"lr": ms.Spec("last")})
