@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import metricsync as ms
+from metricsync._codec import FORMAT_VERSION
 from metricsync.testing import format_example
 
 HEAD = struct.Struct("<4sHHIQ")
@@ -95,7 +96,7 @@ def split(blob: bytes) -> tuple[bytes, bytes]:
 
 
 def join(head: bytes, body: bytes) -> bytes:
-    blob = HEAD.pack(b"MSYN", 1, 0, len(head), len(body)) + head + body
+    blob = HEAD.pack(b"MSYN", FORMAT_VERSION, 0, len(head), len(body)) + head + body
     return blob + struct.pack("<I", zlib.crc32(blob))
 
 
@@ -209,7 +210,7 @@ def make_input(
     if family == "random":
         data = rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes()
         if rng.random() < 0.5:
-            data = HEAD.pack(b"MSYN", 1, 0, 0, 0)[:8] + data
+            data = HEAD.pack(b"MSYN", FORMAT_VERSION, 0, 0, 0)[:8] + data
         return data
     if family == "truncated":
         return blob[: int(rng.integers(len(blob)))]

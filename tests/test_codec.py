@@ -31,7 +31,9 @@ def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
     return header, body
 
 
-def _join(header: dict[str, Any], body: bytes, version: int = 1, flags: int = 0) -> bytes:
+def _join(
+    header: dict[str, Any], body: bytes, version: int = codec.FORMAT_VERSION, flags: int = 0
+) -> bytes:
     head = json.dumps(header).encode()
     blob = HEAD.pack(b"MSYN", version, flags, len(head), len(body)) + head + body
     return blob + struct.pack("<I", zlib.crc32(blob))
@@ -87,7 +89,7 @@ def _with_body(blob: bytes, body: bytes) -> bytes:
     """``blob`` with another body behind the very same header bytes."""
     _, _, _, head_len, _ = HEAD.unpack_from(blob)
     head = blob[HEAD.size : HEAD.size + head_len]
-    out = HEAD.pack(b"MSYN", 1, 0, len(head), len(body)) + head + body
+    out = HEAD.pack(b"MSYN", codec.FORMAT_VERSION, 0, len(head), len(body)) + head + body
     return out + struct.pack("<I", zlib.crc32(out))
 
 
@@ -192,10 +194,101 @@ def test_trailing_bytes_raise() -> None:
 def test_other_version_and_flags_raise() -> None:
     header, body = _split(_rich().to_bytes())
     assert ms.Metrics.from_bytes(_join(header, body)).compute() == _rich().compute()
-    with pytest.raises(ms.CodecError, match="version"):
-        ms.Metrics.from_bytes(_join(header, body, version=2))
+    for version in (0, codec.FORMAT_VERSION + 1):
+        with pytest.raises(ms.CodecError, match="version"):
+            ms.Metrics.from_bytes(_join(header, body, version=version))
     with pytest.raises(ms.CodecError):
         ms.Metrics.from_bytes(_join(header, body, flags=1))
+
+
+#: ``to_bytes()`` of format version 1 (every sketch cell sent), as 0.1's build wrote it
+#: (zlib, base64): a quantile metric at accuracy 0.25, an ``across`` metric, an argrank
+#: metric, a ``last`` metric and a default one
+_VERSION_1 = (
+    "eNrzDY70Y2RgYChnYmDo4GYAg2qlotKc1GIlq+hopZzUPCUdpejoGKXc1MS8GCWdGKUCUwMIbQmkY4GM1IrE5BKg"
+    "UF5pTg5IvCi/IDE9sSQVKGSgZ2QaC1QUrZQOMyaxAqILah5WTQaGEE0l6JrwWmVgqFMdo5RYlF6UmJcdo2RVUlSa"
+    "WgsxKKcIalJOYnEJUUYB9cXqKBXn5JeMBgRQXwWK54kPv+zUkuQMUAAa6BgbGYOEEtPTQXxDHUMQD+RCUAAbxdZC"
+    "Ep+AA5jy3QihGTZAaYMDEPrDfwb8wAGVy+GAqo+Q/g/2qHwWqH6WA+TpR9i74vr6g4Idks66zjKvH5lJ2RPQfwC7"
+    "uwn6fxSMglEwCkbBKBgF9AMOpCn/YE9ddaNgFJCU/tDakz/qYfReQ7O5APLH84k="
+)
+
+
+def test_format_version_1_is_still_read() -> None:
+    import base64
+
+    blob = zlib.decompress(base64.b64decode(_VERSION_1))
+    assert HEAD.unpack_from(blob)[1] == 1
+    m = ms.Metrics.from_bytes(blob)
+    want = {"len/mean": 1107.25, "g": 3.0, "t": 2.5, "lr": 1e-4, "x": -2.0}
+    got = m.compute()
+    assert {k: got[k] for k in want} == want
+    fresh = ms.Metrics(
+        {"len": ms.Spec(("mean", "p50", "p90"), accuracy=0.25), "t": ms.Spec("max", argrank=True)}
+    )
+    fresh.record("len", [16.0, 17.0, 300.0, 4096.0])
+    assert got["len/p50"] == fresh.compute()["len/p50"]
+    assert got["len/p90"] == fresh.compute()["len/p90"]
+    again = ms.Metrics.from_bytes(m.to_bytes())  # written as the current version
+    assert again.compute() == got and HEAD.unpack_from(m.to_bytes())[1] == codec.FORMAT_VERSION
+
+
+def _sketch_metrics(lo: float, hi: float, n: int = 2000) -> ms.Metrics:
+    m = ms.Metrics({"len": ms.Spec(("mean", "p50", "p99"))})
+    m.record("len", np.geomspace(lo, hi, n))
+    return m
+
+
+def test_a_sketch_sends_the_cells_between_its_extremes() -> None:
+    """Lengths 16-4,096 at 1%: ~280 cells of the sketch's 8,067 travel, and the decoded
+    quantiles equal the sender's; an empty sketch sends no cell."""
+    m = _sketch_metrics(16.0, 4096.0)
+    blob = m.to_bytes()
+    empty = ms.Metrics({"len": ms.Spec(("mean", "p50", "p99"))}).to_bytes()
+    cells = (len(blob) - len(empty)) // 8
+    assert 250 < cells < 300  # before: the blob held all 8,067 cells either way
+    assert len(blob) < 4096
+    back = ms.Metrics.from_bytes(blob)
+    assert back.compute() == m.compute()
+    back.merge(_sketch_metrics(1.0, 10.0))
+    both = _sketch_metrics(16.0, 4096.0).merge(_sketch_metrics(1.0, 10.0))
+    assert back.compute() == both.compute()
+    assert ms.Metrics.from_bytes(empty).compute() == {}
+
+
+def test_windows_outside_their_sketch_raise() -> None:
+    blob = _sketch_metrics(16.0, 4096.0).to_bytes()
+    header, body = _split(blob)
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    at = len(header["slots"]) * 8  # the window follows the state rows
+    start, count = rows[at : at + 2]
+    for bad in [(-1.0, count), (8067.0 - count + 1, count), (start + 0.5, count), (np.nan, count)]:
+        rows[at : at + 2] = bad
+        with pytest.raises(ms.CodecError, match="window"):
+            ms.Metrics.from_bytes(_join(header, rows.tobytes()))
+    rows[at : at + 2] = start, count + 1  # a window longer than the cells sent
+    with pytest.raises(ms.CodecError, match="body holds"):
+        ms.Metrics.from_bytes(_join(header, rows.tobytes()))
+
+
+def test_many_empty_sketches_cannot_make_the_decoder_allocate_much() -> None:
+    """Windows let a small blob declare whole sketches; past 4 MiB plus 32 bytes per byte
+    of the blob it is refused, and the encoder then sends whole sketches instead."""
+    n = 600  # 600 sketches of 64.5 KB: 38.7 MB from a blob of ~60 KB if windowed
+    m = ms.Metrics({"q/*": ms.Spec("p50")})
+    for i in range(n):
+        m.record(f"q/{i:03d}", 5.0)
+    blob = m.to_bytes()
+    assert len(blob) > n * 8067 * 8  # whole sketches: the bound holds
+    assert ms.Metrics.from_bytes(blob).compute() == m.compute()
+    header, body = _split(blob)
+    state = body[: n * 8 * 8]
+    windows = np.zeros(2 * n).astype("<f8").tobytes()
+    with pytest.raises(ms.CodecError, match="declare sketches"):
+        ms.Metrics.from_bytes(_join(header, state + windows))
+    few = ms.Metrics({"q/*": ms.Spec("p50")})
+    for i in range(20):
+        few.record(f"q/{i:03d}", 5.0)
+    assert len(few.to_bytes()) < 20 * 8067 * 8 / 10  # under the bound: windows
 
 
 def _mutations(header: dict[str, Any], body: bytes) -> list[tuple[str, dict[str, Any], bytes]]:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import metricsync as ms
 from metricsync import _algebra as state
+from metricsync import _codec as codec
 from metricsync._sketch import sketch_layout
 
 HEAD = struct.Struct("<4sHHIQ")
@@ -68,7 +69,7 @@ def split(blob: bytes) -> tuple[dict[str, Any], bytes]:
 
 def join(header: Any, body: bytes, head: bytes | None = None) -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode() if head is None else head
-    blob = HEAD.pack(b"MSYN", 1, 0, len(head), len(body)) + head + body
+    blob = HEAD.pack(b"MSYN", codec.FORMAT_VERSION, 0, len(head), len(body)) + head + body
     return blob + struct.pack("<I", zlib.crc32(blob))
 
 
@@ -277,8 +278,9 @@ def _odd_state_blob() -> bytes:
     return m.to_bytes()
 
 
-def _expected_to_decode(header: dict[str, Any], offset: int, value: float) -> bool:
-    """The documented policy: counts must be >= 0 (agg rank counts whole), stamps not NaN."""
+def _expected_to_decode(header: dict[str, Any], body: bytes, offset: int, value: float) -> bool:
+    """The documented policy: counts must be >= 0 (agg rank counts whole), stamps not NaN,
+    a sketch's window whole numbers within its cells (its count the cells sent)."""
     n = len(header["slots"])
     if offset < n * state.NCOL:
         column = offset % state.NCOL
@@ -290,10 +292,19 @@ def _expected_to_decode(header: dict[str, Any], offset: int, value: float) -> bo
             return not math.isnan(value)
         return True
     offset -= n * state.NCOL
-    for _, cells in header["sketch"]:
-        if offset < cells:
+    sizes = [cells for _, cells in header["sketch"]]
+    windows = np.frombuffer(body, "<f8")[n * state.NCOL :][: 2 * len(sizes)].reshape(-1, 2)
+    if offset < windows.size:
+        count = windows[offset // 2][1]
+        if offset % 2:  # the count: the body holds that many cells
+            return value == count
+        whole = math.isfinite(value) and value == math.floor(value)
+        return whole and value >= 0 and value + count <= sizes[offset // 2]
+    offset -= windows.size
+    for _, count in windows.tolist():
+        if offset < count:
             return value >= 0
-        offset -= cells
+        offset -= int(count)
     column = offset % 4  # across aggregates: sum of rank values, ranks, max, -min
     return column != 1 or (math.isfinite(value) and value >= 0 and value == math.floor(value))
 
@@ -310,17 +321,26 @@ def test_hostile_body_values_follow_the_documented_policy(
     header, body = split(blob)
     cells = len(body) // 8
     n_rows = len(header["slots"]) * state.NCOL
-    # most draws land in the rows and aggregates, not in the long sketch
+    # most draws land in the rows, the window and the aggregates, not in the sketch
     offset = data.draw(
-        st.integers(0, n_rows - 1) | st.integers(cells - 12, cells - 1) | st.integers(0, cells - 1)
+        st.integers(0, n_rows - 1)
+        | st.integers(n_rows, n_rows + 1)  # the sketch's window
+        | st.integers(cells - 12, cells - 1)
+        | st.integers(0, cells - 1)
     )
     raw = bytearray(body)
     raw[8 * offset : 8 * offset + 8] = struct.pack("<d", value)
     odd = join(header, bytes(raw))
     decoded = decode_or_codec_error(odd)
-    assert (decoded is not None) == _expected_to_decode(header, offset, value), (offset, value)
-    if decoded is not None:
-        assert decoded.to_bytes() == odd  # decoded as it is: nothing silently repaired
+    assert (decoded is not None) == _expected_to_decode(header, body, offset, value), (
+        offset,
+        value,
+    )
+    if decoded is not None:  # decoded as it is: nothing silently repaired (a sketch may
+        # send a narrower window again, where an edge cell became 0)
+        again = decoded.to_bytes()
+        assert again == odd or ms.Metrics.from_bytes(again).to_bytes() == again
+        assert same(ms.Metrics.from_bytes(again).compute(), decoded.compute())
 
 
 def test_decoded_odd_values_compute_as_nan_and_inf() -> None:
