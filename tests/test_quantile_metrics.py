@@ -139,8 +139,8 @@ def test_state_stays_under_64_kib() -> None:
     for _ in range(5):
         m.record("x", rng.lognormal(0.0, 8.0, size=50_000))
         sizes.append(len(m.to_bytes()))
-    assert len(set(sizes)) == 1
-    assert sizes[0] - base <= 64 * 1024
+    # the cells between the extremes travel: they grow with the spread, never past the sketch
+    assert sizes == sorted(sizes) and max(sizes) - base <= 64 * 1024, sizes
 
 
 def test_accuracy_option() -> None:
