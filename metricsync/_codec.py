@@ -132,9 +132,7 @@ def _head_of(rules: SpecTable, table: StateTable) -> _Head:
     head = _HEADS.get(key)
     if head is None:
         head = _new_head(rules, table)
-        if len(_HEADS) >= _KEPT:
-            _HEADS.clear()
-        _HEADS[key] = head
+        _keep(_HEADS, key, head, len(head.text))
     return head
 
 
@@ -193,13 +191,19 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
     if zlib.crc32(view[: -_CRC.size]) != crc:
         raise CodecError("checksum mismatch: the blob is corrupted")
     try:
-        shape = _shape_of(data[_HEAD.size : _HEAD.size + head_len])
+        text = data[_HEAD.size : _HEAD.size + head_len]
+        shape = _SHAPES.get(text)
+        known = shape is not None
+        if shape is None:
+            shape = _new_shape(json.loads(text.decode("utf-8")))
         if shape.dense > _SKETCH_SLACK + _SKETCH_RATIO * len(data):
             raise CodecError(
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
-        body = view[_HEAD.size + head_len : -_CRC.size]
-        return shape.rules.copy(), _read(shape, body, windowed=version > 1)
+        table = _read(shape, view[_HEAD.size + head_len : -_CRC.size], windowed=version > 1)
+        if not known:  # kept once a blob of it decoded, and only up to a size
+            _keep(_SHAPES, text, shape, len(text))
+        return shape.rules.copy(), table
     except CodecError:
         raise
     except (
@@ -251,17 +255,15 @@ class _Shape:
 #: header bytes -> their checked shape: a single controller decodes its workers'
 #: results every step, and each worker's header is the same each time
 _SHAPES: dict[bytes, _Shape] = {}
-_KEPT = 16  #: headers kept by each of the encoder and the decoder
+_KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the decoder
 
 
-def _shape_of(text: bytes) -> _Shape:
-    shape = _SHAPES.get(text)
-    if shape is None:
-        shape = _new_shape(json.loads(text.decode("utf-8")))
-        if len(_SHAPES) >= _KEPT:
-            _SHAPES.clear()
-        _SHAPES[text] = shape
-    return shape
+def _keep(kept: dict[Any, Any], key: Any, value: Any, size: int) -> None:
+    """Keep ``value`` under ``key`` (the latest few, headers of at most 1 MiB)."""
+    if size <= _KEPT_BYTES:
+        if len(kept) >= _KEPT:
+            kept.clear()
+        kept[key] = value
 
 
 def _new_shape(header: Any) -> _Shape:
@@ -353,7 +355,9 @@ def _windows(shape: _Shape, body: memoryview, offset: int) -> np.ndarray:
     """The ``(start, count)`` window of each sketch, within its cells."""
     raw = _take(body, offset, 2 * len(shape.sketches)).reshape(-1, 2)
     sizes = np.array([size for _, size in shape.sketches], dtype=np.float64)
-    ok = (raw >= 0).all(1) & (raw[:, 0] + raw[:, 1] <= sizes) & (raw == np.floor(raw)).all(1)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, which fails the checks below
+        ends = raw[:, 0] + raw[:, 1]
+    ok = (raw >= 0).all(1) & (ends <= sizes) & (raw == np.floor(raw)).all(1)
     if not ok.all():  # NaN fails every comparison
         name = shape.names[shape.sketches[int(np.argmin(ok))][0]]
         raise CodecError(f"the sketch window of metric {name!r} is not within its cells")

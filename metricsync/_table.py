@@ -252,12 +252,12 @@ class StateTable:
         """:meth:`slots_of` ``other``'s names, worked out once per pair of tokens (a single
         controller merges the same shapes every step); an empty table takes ``other``'s
         names, specs and index as a copy would (shared until either side changes them)."""
-        if not self.names:
+        if not self.names and other.names:
             n = len(other.names)
             other._shared = True
             self.names, self.specs, self.index = other.names, other.specs, other.index
             self._shared, self.token, self._plan = True, other.token, other._current_plan()
-            self.cols = identity(n)
+            self.cols = identity(max(n, 8))  # room to grow, as a new table has
             self.sketches = {t: np.zeros_like(cells) for t, cells in other.sketches.items()}
             self.aggs = {t: empty_aggregate(len(agg)) for t, agg in other.aggs.items()}
             self._blank = True

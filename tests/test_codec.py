@@ -291,6 +291,35 @@ def test_many_empty_sketches_cannot_make_the_decoder_allocate_much() -> None:
     assert len(few.to_bytes()) < 20 * 8067 * 8 / 10  # under the bound: windows
 
 
+def test_infinite_windows_raise_codec_error_and_no_warning() -> None:
+    import warnings
+
+    blob = _sketch_metrics(16.0, 4096.0).to_bytes()
+    header, body = _split(blob)
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    at = len(header["slots"]) * 8
+    for bad in [(np.inf, -np.inf), (-np.inf, np.inf), (np.inf, np.inf)]:
+        rows[at : at + 2] = bad
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # before: RuntimeWarning from inf - inf
+            with pytest.raises(ms.CodecError, match="window"):
+                ms.Metrics.from_bytes(_join(header, rows.tobytes()))
+
+
+def test_only_headers_of_decoded_blobs_are_kept() -> None:
+    """A header is kept for later decodes once a blob of it decoded: rejected blobs (a
+    hostile body behind a well-formed header) leave nothing behind."""
+    m = ms.Metrics({"kept/x": ms.Spec("max")})
+    m.record("kept/x", 1.0)
+    header, body = _split(m.to_bytes())
+    text = json.dumps(header).encode()
+    with pytest.raises(ms.CodecError):
+        ms.Metrics.from_bytes(_join(header, body[:-8]))
+    assert text not in codec._SHAPES
+    assert ms.Metrics.from_bytes(_join(header, body)).compute() == {"kept/x": 1.0}
+    assert text in codec._SHAPES
+
+
 def _mutations(header: dict[str, Any], body: bytes) -> list[tuple[str, dict[str, Any], bytes]]:
     out = []
 

@@ -465,6 +465,21 @@ def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.Monkey
     assert ms.merge([ms.Metrics.from_bytes(b) for b in blobs]).compute() == got
 
 
+def test_a_merge_of_empty_parts_leaves_room_to_record() -> None:
+    """An empty result merged with empty parts (workers that recorded nothing) records,
+    folds past a buffer's bound and merges into itself as a new one does."""
+    results = [ms.merge([ms.Metrics()]), ms.Metrics().merge(ms.Metrics())]
+    results.append(ms.merge([ms.Metrics.from_bytes(ms.Metrics().to_bytes())]))
+    for r in results:
+        for i in range(10_000):  # past the number buffer's bound: a fold into the table
+            r.record("x", float(i))
+        assert r.compute() == {"x": 4999.5}
+        r.merge(r)
+        assert r.compute() == {"x": 4999.5}
+        r.record("y", 2.0)
+        assert r.compute() == {"x": 4999.5, "y": 2.0}
+
+
 def test_last_follows_record_time_not_merge_order() -> None:
     for reverse in (False, True):
         a, b = ms.Metrics({"lr": ms.Spec("last")}), ms.Metrics({"lr": ms.Spec("last")})
