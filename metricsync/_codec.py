@@ -11,16 +11,16 @@ Layout, all little-endian::
             aggregate (rows x 4), then the (max rank, min rank) pair of each argrank metric
     u32 CRC-32 of everything before it
 
-A sketch holds its cells between its smallest and largest sample: a quantile of
-lengths 16-4,096 at 1% sends ~300 of its 8,067 cells. Version 1 (still read)
-had no windows: every cell of every sketch.
+A sketch sends its cells between its extremes (lengths 16-4,096 at 1%: ~300 of
+8,067). Version 1, still read, sent every cell of every sketch.
 
 Every length is checked against the bytes actually present before anything is
 allocated, so a hostile header cannot make the decoder allocate more than a
 bounded multiple of the input's size: the body must be exactly as long as the
 declared metrics and windows need before any state is created, the whole
 sketches a blob declares may take at most 4 MiB plus 32 bytes per byte of the
-blob (the encoder sends whole sketches where windows would break that), and a format spec may not ask for a width or
+blob (the encoder sends whole sketches where windows would break that), and a
+format spec may not ask for a width or
 precision above 100 (``format`` would allocate that many characters), and a
 spec may ask for at most 32 statistics, so ``compute()`` and ``format()`` of a
 decoded blob stay linear in its size. The
@@ -158,7 +158,7 @@ def _new_head(rules: SpecTable, table: StateTable) -> _Head:
     if ranked:
         header["ranks"] = ranked
     text_bytes = json.dumps(header, separators=(",", ":")).encode()
-    fixed = len(specs) * al.NCOL + sum(al_rows * ACOL for _, al_rows in header["agg"])
+    fixed = len(specs) * al.NCOL + sum(rows * ACOL for _, rows in header["agg"])
     dense = sum(cells for _, cells in header["sketch"])
     return _Head(text_bytes, sketched, aggregated, ranked, 8 * (fixed + 2 * len(ranked)), 8 * dense)
 
@@ -313,12 +313,13 @@ def _new_shape(header: Any) -> _Shape:
 def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     """The table a body of ``shape`` holds; checked before any state is allocated."""
     n = len(shape.names)
-    offset = n * al.NCOL * 8
-    windows = _windows(shape, body, offset) if windowed else None
-    if windows is not None:
-        offset += 16 * len(windows)
-    need = shape.fixed + (shape.dense if windows is None else 8 * int(windows.sum(0)[1]))
-    need += offset - n * al.NCOL * 8
+    offset = n * al.NCOL * 8  # the state rows, then the windows (version 2), then cells
+    if windowed:
+        windows = _windows(shape, body, offset)
+        offset += windows.nbytes
+        need = shape.fixed + windows.nbytes + 8 * int(windows[:, 1].sum())
+    else:
+        windows, need = None, shape.fixed + shape.dense
     if need != len(body):
         raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
     cols = al.identity(n)
