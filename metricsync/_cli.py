@@ -149,7 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", metavar="S", type=_count(1), default=20, help="training steps (default 20)"
     )
     demo.add_argument(
-        "--out", metavar="DIR", default="runs/demo", help="run directory (default runs/demo)"
+        "--out",
+        metavar="DIR",
+        default="runs/demo",
+        help="run directory (default runs/demo); an earlier demo's log there is replaced",
     )
     demo.set_defaults(run_command=_demo)
 

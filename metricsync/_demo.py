@@ -101,6 +101,14 @@ def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple
     return str(Path(out) / "metrics.jsonl")
 
 
+def _clear(out: Path) -> None:
+    """Remove what an earlier demo wrote under ``out`` (its log, curves and TensorBoard
+    events): the log of a second demo starts afresh instead of reading as a resumed run.
+    Nothing else there is touched."""
+    for path in [out / "metrics.jsonl", out / "metrics.png", *out.glob("events.out.tfevents.*")]:
+        path.unlink(missing_ok=True)
+
+
 def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:
     """Run the demo: ``world_size`` gloo ranks for ``steps`` steps, logging under ``out``."""
     from .testing import run_distributed
@@ -113,6 +121,7 @@ def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:
         f"logging to {', '.join(backends)} under {out}",
         flush=True,
     )
+    _clear(Path(out))
     begun = time.monotonic()
     results = run_distributed(_rank_main, world_size, args=(steps, out, backends), timeout=300.0)
     jsonl = Path(results[0])

@@ -58,3 +58,18 @@ def test_demo_then_show_and_plot(tmp_path: Path) -> None:
 
     missing = _cli("show", str(tmp_path / "nope.jsonl"))
     assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_demo_starts_a_fresh_log(tmp_path: Path) -> None:
+    """Running the demo again (``make demo`` twice) replaces its log: before, the second
+    run appended to it and its curves warned of a resumed run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    for steps in ("3", "2"):
+        demo = _cli("demo", "--world-size", "2", "--steps", steps, "--out", str(out))
+        assert demo.returncode == 0, demo.stderr
+    assert "resumed" not in demo.stderr, demo.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "step" in r] == [0, 1]
+    assert (out / "notes.txt").read_text() == "kept"
