@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run_command=_demo)
 
     run_help = "a run directory holding metrics.jsonl, or a .jsonl file"
-    keys_help = "metrics to include (globs, comma-separated)"
+    keys_help = "metrics to include (globs, comma-separated; or one key holding commas)"
     width_help = "wrap tables to N columns (default: the terminal's width; unlimited in a pipe)"
     show = commands.add_parser("show", help="table of logged steps (or CSV, JSON)")
     show.add_argument("run", metavar="RUN", help=run_help)

@@ -294,16 +294,19 @@ def match_keys(available: Iterable[str], keys: str | None) -> list[str]:
     """The keys of ``available`` (kept in order) that ``keys`` selects.
 
     ``keys`` is a glob (``fnmatch``, case-sensitive) or several separated by
-    commas; None selects everything. No match raises ``ValueError`` listing
-    what is available.
+    commas; the whole of ``keys`` is a glob too, so a key holding a comma can be
+    named. None selects everything. No match raises ``ValueError`` listing what
+    is available.
 
     >>> match_keys(["loss", "timing/fwd", "timing/bwd"], "timing/*")
     ['timing/fwd', 'timing/bwd']
+    >>> match_keys(["acc,top1", "acc,top5", "loss"], "acc,top1"), match_keys(["a,b", "c"], "c,d")
+    (['acc,top1'], ['c'])
     """
     available = list(dict.fromkeys(available))
     if keys is None:
         return available
-    patterns = [p.strip() for p in keys.split(",") if p.strip()]
+    patterns = [p.strip() for p in keys.split(",") if p.strip()] + [keys]
     chosen = [k for k in available if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     if not chosen:
         shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")

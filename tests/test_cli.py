@@ -73,6 +73,19 @@ def test_show_filters_keys_and_keeps_the_last_steps(log_file: Path) -> None:
     assert [line.split()[0] for line in lines[2:]] == ["3", "4"]
 
 
+def test_keys_can_name_a_key_holding_commas(tmp_path: Path) -> None:
+    """``--keys`` splits on commas; a key holding one (``f1,macro``) is named by the
+    whole argument. Before, no key matched and the command failed."""
+    with Tracker(run_dir=tmp_path / "run") as tracker:
+        tracker.log({"f1,macro": 0.75, "f1": 0.5, "loss": 2.0}, step=1)
+    one = run("show", str(tmp_path / "run"), "--keys", "f1,macro", "--format", "csv")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.splitlines() == ['step,"f1,macro",f1', "1,0.75,0.5"]
+    glob = run("show", str(tmp_path / "run"), "--keys", "f1[,]*", "--format", "csv")
+    assert glob.returncode == 0, glob.stderr
+    assert glob.stdout.splitlines() == ['step,"f1,macro"', "1,0.75"]
+
+
 def test_show_skips_a_torn_last_line_with_one_warning_line(log_file: Path) -> None:
     with log_file.open("a") as f:
         f.write('{"step": 5, "values": {"actor/lr"')
