@@ -15,7 +15,8 @@ and include what travels (pickling and unpickling each worker's result):
   ``np.percentile`` for the length quantiles.
 
 The workers' recording is not timed (each side records once); the table gives
-the median per step and the ratio, and the bytes a worker sends.
+the median per step and the ratio, the bytes a worker sends, and metricsync's step
+in its phases (timed apart, after the alternating runs).
 """
 
 from __future__ import annotations
@@ -101,9 +102,28 @@ def _time(workers: int, repeats: int) -> dict[str, Any]:
             fns[name]()
             times[name].append(time.perf_counter() - start)
     out: dict[str, Any] = {name: statistics.median(t) for name, t in times.items()}
+    out |= _phases(ours, repeats)
     out["bytes_ours"] = len(pickle.dumps(ours[0]))
     out["bytes_twin"] = len(pickle.dumps(twins[0]))
     return out
+
+
+def _phases(ours: list[ms.Metrics], repeats: int) -> dict[str, float]:
+    """metricsync's step in its phases (medians): pickling, unpickling, merge, compute."""
+    spans: dict[str, list[float]] = {"pickle": [], "unpickle": [], "merge": [], "compute": []}
+    for _ in range(repeats):
+        marks = [time.perf_counter()]
+        blobs = [pickle.dumps(m) for m in ours]
+        marks.append(time.perf_counter())
+        arrived = [pickle.loads(b) for b in blobs]
+        marks.append(time.perf_counter())
+        merged = ms.merge(arrived)
+        marks.append(time.perf_counter())
+        merged.compute()
+        marks.append(time.perf_counter())
+        for span, start, end in zip(spans.values(), marks, marks[1:]):
+            span.append(end - start)
+    return {name: statistics.median(span) for name, span in spans.items()}
 
 
 def main() -> None:
@@ -121,7 +141,9 @@ def main() -> None:
         ours, twin = row["metricsync"], row["hand-rolled"]
         print(
             f"{workers:>7} {ours * 1e3:>9.2f}ms {twin * 1e3:>10.2f}ms {ours / twin:>5.2f}x"
-            f" {row['bytes_ours']:>20,} {row['bytes_twin']:>21,}",
+            f" {row['bytes_ours']:>20,} {row['bytes_twin']:>21,}"
+            f"   (pickle {row['pickle'] * 1e3:.2f}, unpickle {row['unpickle'] * 1e3:.2f},"
+            f" merge {row['merge'] * 1e3:.2f}, compute {row['compute'] * 1e3:.2f} ms)",
             flush=True,
         )
 
