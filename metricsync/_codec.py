@@ -15,16 +15,15 @@ A sketch sends its cells between its extremes (lengths 16-4,096 at 1%: ~300 of
 8,067). Version 1, still read, sent every cell of every sketch.
 
 Every length is checked against the bytes actually present before anything is
-allocated, so a hostile header cannot make the decoder allocate more than a
-bounded multiple of the input's size: the body must be exactly as long as the
-declared metrics and windows need before any state is created, the whole
+allocated, so a hostile header cannot make the decoder allocate more than 4 MiB
+plus a bounded multiple of the input's size: the body must be exactly as long as
+the declared metrics and windows need before any state is created, the whole
 sketches a blob declares may take at most 4 MiB plus 32 bytes per byte of the
-blob (the encoder sends whole sketches where windows would break that), and a
-format spec may not ask for a width or
-precision above 100 (``format`` would allocate that many characters), and a
-spec may ask for at most 32 statistics, so ``compute()`` and ``format()`` of a
-decoded blob stay linear in its size. The
-decoder's work is linear in the input's size. Anything malformed raises
+blob (the encoder sends as many sketches whole as that needs), a format spec may
+not ask for a width or precision above 100 (``format`` would allocate that many
+characters), and a spec may ask for at most 32 statistics, so ``compute()`` and
+``format()`` of a decoded blob stay linear in its size. The decoder's work is
+linear in the input's size. Anything malformed raises
 :class:`~metricsync.CodecError`, and nothing else.
 
 Decoded states must be ones that recording and merging can produce: weight
@@ -92,8 +91,8 @@ def encode(rules: SpecTable, table: StateTable) -> bytes:
 
 
 def _sketch_parts(head: _Head, sketches: dict[int, np.ndarray]) -> list[bytes]:
-    """The windows of the sketches, then their cells from each start (whole sketches
-    where windows would let the decoder allocate more than it accepts)."""
+    """The windows of the sketches, then their cells from each start (some sketches
+    whole where windows alone would let the decoder allocate more than it accepts)."""
     if not head.sketched:
         return []
     windows = np.zeros((len(head.sketched), 2))
@@ -102,8 +101,11 @@ def _sketch_parts(head: _Head, sketches: dict[int, np.ndarray]) -> list[bytes]:
         if len(held):
             windows[i] = held[0], held[-1] + 1 - held[0]
     sent = 8 * (int(windows[:, 1].sum()) + windows.size) + len(head.text) + head.fixed
-    if head.dense > _SKETCH_SLACK + _SKETCH_RATIO * (sent + _MIN_SIZE):
-        windows[:, 0], windows[:, 1] = 0, [len(sketches[slot]) for slot in head.sketched]
+    for i, slot in enumerate(head.sketched):  # whole sketches, as few as the bound needs
+        if head.dense <= _SKETCH_SLACK + _SKETCH_RATIO * (sent + _MIN_SIZE):
+            break
+        sent += 8 * (len(sketches[slot]) - int(windows[i, 1]))
+        windows[i] = 0, len(sketches[slot])
     parts = [windows.astype("<f8").tobytes()]
     for slot, (start, count) in zip(head.sketched, windows.astype(np.intp).tolist()):
         parts.append(sketches[slot][start : start + count].astype("<f8").tobytes())
@@ -334,20 +336,10 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     for slot, count in shape.aggs:
         agg_of[slot] = _take(body, offset, count * ACOL).reshape(count, ACOL).copy()
         offset += count * ACOL * 8
-    if shape.ranked:
-        cols[al.MAXRANK :, shape.ranked] = (
-            _take(body, offset, 2 * len(shape.ranked)).reshape(-1, 2).T
-        )
-    table = StateTable.from_parts(
-        shape.names,
-        shape.specs,
-        cols,
-        cells,
-        agg_of,
-        index=shape.index,
-        complete=True,
-        token=shape.token,
-    )
+    if ranked := shape.ranked:
+        cols[al.MAXRANK :, ranked] = _take(body, offset, 2 * len(ranked)).reshape(-1, 2).T
+    parts = (shape.names, shape.specs, cols, cells, agg_of)
+    table = StateTable.from_parts(*parts, index=shape.index, complete=True, token=shape.token)
     _check_counts(table)
     return table
 
@@ -356,7 +348,7 @@ def _windows(shape: _Shape, body: memoryview, offset: int) -> np.ndarray:
     """The ``(start, count)`` window of each sketch, within its cells."""
     raw = _take(body, offset, 2 * len(shape.sketches)).reshape(-1, 2)
     sizes = np.array([size for _, size in shape.sketches], dtype=np.float64)
-    with np.errstate(invalid="ignore"):  # inf - inf: NaN, which fails the checks below
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf: fail the checks below
         ends = raw[:, 0] + raw[:, 1]
     ok = (raw >= 0).all(1) & (ends <= sizes) & (raw == np.floor(raw)).all(1)
     if not ok.all():  # NaN fails every comparison

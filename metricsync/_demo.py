@@ -15,7 +15,9 @@ Spec('last', fmt='.2e')
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
+import json
 import math
 import sys
 import time
@@ -102,11 +104,33 @@ def _rank_main(rank: int, world_size: int, steps: int, out: str, backends: tuple
 
 
 def _clear(out: Path) -> None:
-    """Remove what an earlier demo wrote under ``out`` (its log, curves and TensorBoard
-    events): the log of a second demo starts afresh instead of reading as a resumed run.
+    """Remove an earlier demo's log, curves and TensorBoard events from ``out``, so the
+    log of a second demo starts afresh instead of reading as a resumed run. A log the
+    demo did not write (keys outside :data:`SPECS`) is left alone: ``ValueError``.
     Nothing else there is touched."""
-    for path in [out / "metrics.jsonl", out / "metrics.png", *out.glob("events.out.tfevents.*")]:
+    log = out / "metrics.jsonl"
+    if not log.exists():
+        return
+    if not _is_demo_log(log):
+        raise ValueError(f"{log} holds metrics the demo does not record; pass another --out")
+    for path in [log, out / "metrics.png", *out.glob("events.out.tfevents.*")]:
         path.unlink(missing_ok=True)
+
+
+def _is_demo_log(log: Path) -> bool:
+    """Whether the first line of ``log`` is a metricsync header of the demo's keys alone."""
+    with log.open("rb") as file:
+        first = file.readline(1 << 16)
+    try:
+        formats = json.loads(first).get("formats")
+    except (ValueError, AttributeError):
+        return False
+    keys = [out for name, spec in SPECS.items() for out in spec.output_keys(name)]
+    return (
+        isinstance(formats, dict)
+        and bool(formats)
+        and all(any(fnmatch.fnmatchcase(key, k) for k in keys) for key in formats)
+    )
 
 
 def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:

@@ -306,7 +306,7 @@ def match_keys(available: Iterable[str], keys: str | None) -> list[str]:
     available = list(dict.fromkeys(available))
     if keys is None:
         return available
-    patterns = [p.strip() for p in keys.split(",") if p.strip()] + [keys]
+    patterns = [p.strip() for p in keys.split(",") if p.strip()] + [keys.strip()]
     chosen = [k for k in available if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     if not chosen:
         shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")

@@ -230,7 +230,7 @@ class HostPending:
         return set(self._meta[0]) | set(self._rows.slot)
 
     def untouched(self) -> bool:
-        """Whether nothing was ever opened or recorded here (a decoded result's store).
+        """Whether no buffer was opened and nothing is pending (a decoded result's store).
 
         >>> pending = HostPending(); pending.untouched()
         True

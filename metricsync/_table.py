@@ -221,6 +221,8 @@ class StateTable:
     def absorb(self, other: StateTable) -> None:
         """Merge ``other`` in as one rank (specs already agreed): exact metrics pool samples,
         ``across`` metrics add ``other``'s own result as a rank after its finished ranks."""
+        if not self.names and other.names:
+            self._take_names_of(other)
         at = self._slots_for(other)
         mine = at.tolist()
         across = other.plan().across
@@ -248,20 +250,22 @@ class StateTable:
             self.cols[DROP, m] += other.cols[DROP, t]
             self._blank = False
 
+    def _take_names_of(self, other: StateTable) -> None:
+        """Give this empty table ``other``'s names, specs and index, blank, as a copy
+        would: shared until either side changes them (``other`` is marked so too)."""
+        other._shared = True
+        self.names, self.specs, self.index = other.names, other.specs, other.index
+        self._shared, self.token, self._plan = True, other.token, other._current_plan()
+        self.cols = identity(max(len(other.names), 8))  # room to grow, as a new table has
+        self.sketches = {t: np.zeros_like(cells) for t, cells in other.sketches.items()}
+        self.aggs = {t: empty_aggregate(len(agg)) for t, agg in other.aggs.items()}
+        self._blank = True
+
     def _slots_for(self, other: StateTable) -> np.ndarray:
         """:meth:`slots_of` ``other``'s names, worked out once per pair of tokens (a single
-        controller merges the same shapes every step); an empty table takes ``other``'s
-        names, specs and index as a copy would (shared until either side changes them)."""
-        if not self.names and other.names:
-            n = len(other.names)
-            other._shared = True
-            self.names, self.specs, self.index = other.names, other.specs, other.index
-            self._shared, self.token, self._plan = True, other.token, other._current_plan()
-            self.cols = identity(max(n, 8))  # room to grow, as a new table has
-            self.sketches = {t: np.zeros_like(cells) for t, cells in other.sketches.items()}
-            self.aggs = {t: empty_aggregate(len(agg)) for t, agg in other.aggs.items()}
-            self._blank = True
-            return np.arange(n)
+        controller merges the same shapes every step)."""
+        if self.token is other.token:  # the same names and specs (a table that took them)
+            return np.arange(len(other.names))
         key = (self.token, other.token)
         at = _SLOTS.get(key)
         if at is None:

@@ -81,6 +81,8 @@ def test_keys_can_name_a_key_holding_commas(tmp_path: Path) -> None:
     one = run("show", str(tmp_path / "run"), "--keys", "f1,macro", "--format", "csv")
     assert one.returncode == 0, one.stderr
     assert one.stdout.splitlines() == ['step,"f1,macro",f1', "1,0.75,0.5"]
+    spaced = run("show", str(tmp_path / "run"), "--keys", " f1,macro ", "--format", "csv")
+    assert spaced.stdout == one.stdout, spaced.stderr
     glob = run("show", str(tmp_path / "run"), "--keys", "f1[,]*", "--format", "csv")
     assert glob.returncode == 0, glob.stderr
     assert glob.stdout.splitlines() == ['step,"f1,macro"', "1,0.75"]

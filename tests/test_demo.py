@@ -73,3 +73,18 @@ def test_a_second_demo_starts_a_fresh_log(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "step" in r] == [0, 1]
     assert (out / "notes.txt").read_text() == "kept"
+
+
+def test_the_demo_leaves_a_log_it_did_not_write(tmp_path: Path) -> None:
+    """A run directory holding another run's log: the demo refuses with one error line
+    and deletes nothing (its own earlier logs only are replaced)."""
+    out = tmp_path / "real_run"
+    out.mkdir()
+    log = out / "metrics.jsonl"
+    log.write_text('{"metricsync": 1, "formats": {"my/loss": null}}\n{"step": 1}\n')
+    (out / "events.out.tfevents.1.host").write_bytes(b"events")
+    demo = _cli("demo", "--world-size", "2", "--steps", "1", "--out", str(out))
+    assert demo.returncode == 1 and "another --out" in demo.stderr, demo.stderr
+    assert len(demo.stderr.strip().splitlines()) == 1
+    assert log.read_text().startswith('{"metricsync": 1, "formats": {"my/loss"')
+    assert (out / "events.out.tfevents.1.host").read_bytes() == b"events"
