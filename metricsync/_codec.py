@@ -62,7 +62,7 @@ from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import token_of
+from ._tokens import remember, token_of
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -102,7 +102,7 @@ def _sketch_parts(head: _Head, sketches: dict[int, np.ndarray]) -> list[bytes]:
             windows[i] = held[0], held[-1] + 1 - held[0]
     sent = 8 * (int(windows[:, 1].sum()) + windows.size) + len(head.text) + head.fixed
     for i, slot in enumerate(head.sketched):  # whole sketches, as few as the bound needs
-        if head.dense <= _SKETCH_SLACK + _SKETCH_RATIO * (sent + _MIN_SIZE):
+        if head.dense <= _declarable(sent + _MIN_SIZE):
             break
         sent += 8 * (len(sketches[slot]) - int(windows[i, 1]))
         windows[i] = 0, len(sketches[slot])
@@ -160,9 +160,21 @@ def _new_head(rules: SpecTable, table: StateTable) -> _Head:
     if ranked:
         header["ranks"] = ranked
     text_bytes = json.dumps(header, separators=(",", ":")).encode()
-    fixed = len(specs) * al.NCOL + sum(rows * ACOL for _, rows in header["agg"])
-    dense = sum(cells for _, cells in header["sketch"])
-    return _Head(text_bytes, sketched, aggregated, ranked, 8 * (fixed + 2 * len(ranked)), 8 * dense)
+    fixed, dense = _body_bytes(len(specs), header["sketch"], header["agg"], ranked)
+    return _Head(text_bytes, sketched, aggregated, ranked, fixed, dense)
+
+
+def _body_bytes(
+    n: int, sketches: list[list[int]], aggs: list[list[int]], ranked: list[int]
+) -> tuple[int, int]:
+    """A body's bytes besides the sketches and their windows, and of the whole sketches."""
+    fixed = n * al.NCOL + sum(ACOL * rows for _, rows in aggs) + 2 * len(ranked)
+    return 8 * fixed, 8 * sum(cells for _, cells in sketches)
+
+
+def _declarable(size: int) -> int:
+    """Bytes of whole sketches a blob of ``size`` bytes may declare (see the module doc)."""
+    return _SKETCH_SLACK + _SKETCH_RATIO * size
 
 
 def decode(data: Any) -> tuple[SpecTable, StateTable]:
@@ -194,16 +206,15 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         raise CodecError("checksum mismatch: the blob is corrupted")
     try:
         text = data[_HEAD.size : _HEAD.size + head_len]
-        shape = _SHAPES.get(text)
-        known = shape is not None
+        shape = known = _SHAPES.get(text)
         if shape is None:
             shape = _new_shape(json.loads(text.decode("utf-8")))
-        if shape.dense > _SKETCH_SLACK + _SKETCH_RATIO * len(data):
+        if shape.dense > _declarable(len(data)):
             raise CodecError(
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
         table = _read(shape, view[_HEAD.size + head_len : -_CRC.size], windowed=version > 1)
-        if not known:  # kept once a blob of it decoded, and only up to a size
+        if known is None:  # kept once a blob of it decoded, and only up to a size
             _keep(_SHAPES, text, shape, len(text))
         return shape.rules.copy(), table
     except CodecError:
@@ -263,9 +274,7 @@ _KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the
 def _keep(kept: dict[Any, Any], key: Any, value: Any, size: int) -> None:
     """Keep ``value`` under ``key`` (the latest few, headers of at most 1 MiB)."""
     if size <= _KEPT_BYTES:
-        if len(kept) >= _KEPT:
-            kept.clear()
-        kept[key] = value
+        remember(kept, key, value, _KEPT)
 
 
 def _new_shape(header: Any) -> _Shape:
@@ -301,14 +310,13 @@ def _new_shape(header: Any) -> _Shape:
             raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
     if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
         raise CodecError("rank entries do not match the argrank metrics")
-    fixed = n * al.NCOL + sum(ACOL * count for _, count in aggs) + 2 * len(ranked)
-    dense = sum(size for _, size in sketches)
+    fixed, dense = _body_bytes(n, sketches, aggs, ranked)
     # the token of the tables of these names and specs: merging decoded results (a single
     # controller's workers, every step) finds what earlier merges of them worked out
     token = token_of(names, slot_specs)
     index = {name: slot for slot, name in enumerate(names)}
     return _Shape(
-        table_rules, names, slot_specs, index, token, sketches, aggs, ranked, 8 * fixed, 8 * dense
+        table_rules, names, slot_specs, index, token, sketches, aggs, ranked, fixed, dense
     )
 
 

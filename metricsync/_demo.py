@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ._logfile import MAX_LINE_BYTES, parse_record
 from ._metrics import Metrics
 from ._progress import Progress
 from ._spec import Spec
@@ -120,17 +120,13 @@ def _clear(out: Path) -> None:
 def _is_demo_log(log: Path) -> bool:
     """Whether the first line of ``log`` is a metricsync header of the demo's keys alone."""
     with log.open("rb") as file:
-        first = file.readline(1 << 16)
+        first = file.readline(MAX_LINE_BYTES + 1).rstrip(b"\n")
     try:
-        formats = json.loads(first).get("formats")
-    except (ValueError, AttributeError):
+        formats = parse_record(first).formats
+    except ValueError:  # not a log line (a torn one included)
         return False
     keys = [out for name, spec in SPECS.items() for out in spec.output_keys(name)]
-    return (
-        isinstance(formats, dict)
-        and bool(formats)
-        and all(any(fnmatch.fnmatchcase(key, k) for k in keys) for key in formats)
-    )
+    return bool(formats) and all(any(fnmatch.fnmatchcase(f, k) for k in keys) for f in formats)
 
 
 def main(world_size: int = 2, steps: int = 20, out: str = "runs/demo") -> int:

@@ -36,6 +36,7 @@ from ._pending import FAST_LIMIT, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
+from ._tokens import remember
 
 __all__ = ["Store"]
 
@@ -389,10 +390,8 @@ class Store:
             else:
                 merged = merged_rules(self.rules, self.table, rules, table)
                 changes = self._rule_changes(merged)
-                if not changes:
-                    if len(_AGREED) >= 64:  # a bound: the pairs of the latest merges
-                        _AGREED.clear()
-                    _AGREED[key] = merged.copy()
+                if not changes:  # a bound: the pairs of the latest merges
+                    remember(_AGREED, key, merged.copy(), 64)
                 self._apply_rules(merged, changes)
             held = len(self.table.names)
             self.table.absorb(table)

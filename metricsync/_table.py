@@ -32,7 +32,7 @@ from ._errors import SpecMismatchError
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
-from ._tokens import EMPTY_TABLE, slot_token
+from ._tokens import EMPTY_TABLE, remember, slot_token
 
 __all__ = ["Parts", "StateTable", "identity"]
 
@@ -270,9 +270,7 @@ class StateTable:
         at = _SLOTS.get(key)
         if at is None:
             at = np.array(self.slots_of(other.names, other.specs), dtype=np.intp)
-            if len(_SLOTS) >= 64:  # a bound: the pairs of the latest merges
-                _SLOTS.clear()
-            _SLOTS[key] = at
+            remember(_SLOTS, key, at, 64)  # a bound: the pairs of the latest merges
         else:  # the same names and specs on both sides: create what that merge created
             for t in np.flatnonzero(at >= len(self.names)).tolist():
                 self.slot(other.names[t], other.specs[t])

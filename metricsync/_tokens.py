@@ -15,12 +15,14 @@ once for both.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ._spec import Spec
 
-__all__ = ["EMPTY_TABLE", "derived", "slot_token", "token_of"]
+__all__ = ["EMPTY_TABLE", "derived", "remember", "slot_token", "token_of"]
+
+V = TypeVar("V")
 
 #: (token, change ...) -> the token after that change
 _DERIVED: dict[tuple[Hashable, ...], object] = {}
@@ -31,11 +33,23 @@ def derived(token: object, *change: Hashable) -> object:
     """The token after ``change`` to what ``token`` stands for."""
     key = (token, *change)
     found = _DERIVED.get(key)
-    if found is None:
-        if len(_DERIVED) >= _BOUND:
-            _DERIVED.clear()
-        found = _DERIVED.setdefault(key, object())
-    return found
+    return remember(_DERIVED, key, object(), _BOUND) if found is None else found
+
+
+def remember(kept: dict[Any, V], key: Any, value: V, bound: int) -> V:
+    """Keep ``value`` under ``key`` in ``kept`` (what is worked out per token), which
+    starts over once it holds ``bound`` entries; what it holds there is returned (another
+    thread's value, where one came first).
+
+    >>> kept = {}
+    >>> remember(kept, "a", 1, 2), remember(kept, "a", 5, 2), remember(kept, "b", 2, 2), kept
+    (1, 1, 2, {'a': 1, 'b': 2})
+    >>> remember(kept, "c", 3, 2), kept
+    (3, {'c': 3})
+    """
+    if len(kept) >= bound:
+        kept.clear()
+    return kept.setdefault(key, value)
 
 
 EMPTY_TABLE = object()  #: the token of every state table without slots
