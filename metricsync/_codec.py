@@ -59,7 +59,7 @@ from . import _algebra as al
 from ._across import ACOL
 from ._errors import CodecError, MetricsyncError
 from ._rules import SpecTable
-from ._sketch import sketch_layout
+from ._sketch import held_span, sketch_layout
 from ._spec import Spec
 from ._table import StateTable
 from ._tokens import remember, token_of
@@ -97,9 +97,7 @@ def _sketch_parts(head: _Head, sketches: dict[int, np.ndarray]) -> list[bytes]:
         return []
     windows = np.zeros((len(head.sketched), 2))
     for i, slot in enumerate(head.sketched):
-        held = np.flatnonzero(sketches[slot])
-        if len(held):
-            windows[i] = held[0], held[-1] + 1 - held[0]
+        windows[i] = held_span(sketches[slot])
     sent = 8 * (int(windows[:, 1].sum()) + windows.size) + len(head.text) + head.fixed
     for i, slot in enumerate(head.sketched):  # whole sketches, as few as the bound needs
         if head.dense <= _declarable(sent + _MIN_SIZE):
@@ -335,10 +333,11 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     cols = al.identity(n)
     cols[: al.NCOL] = np.frombuffer(body[: n * al.NCOL * 8], dtype="<f8").reshape(n, al.NCOL).T
     cells: dict[int, np.ndarray] = {}
+    sent: dict[int, np.ndarray] = {}  # the cells the body holds (the rest are zero)
     for i, (slot, size) in enumerate(shape.sketches):
         start, count = (0, size) if windows is None else windows[i].tolist()
-        cells[slot] = np.zeros(size)
-        cells[slot][start : start + count] = _take(body, offset, count)
+        whole = cells[slot] = np.zeros(size)
+        whole[start : start + count] = sent[slot] = _take(body, offset, count)
         offset += count * 8
     agg_of: dict[int, np.ndarray] = {}
     for slot, count in shape.aggs:
@@ -348,7 +347,7 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
         cols[al.MAXRANK :, ranked] = _take(body, offset, 2 * len(ranked)).reshape(-1, 2).T
     parts = (shape.names, shape.specs, cols, cells, agg_of)
     table = StateTable.from_parts(*parts, index=shape.index, complete=True, token=shape.token)
-    _check_counts(table)
+    _check_counts(table, sent)
     return table
 
 
@@ -373,12 +372,13 @@ def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:
     return spec
 
 
-def _check_counts(table: StateTable) -> None:
-    """Reject states no record or merge can produce (see the module docstring)."""
+def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
+    """Reject states no record or merge can produce (see the module docstring);
+    ``cells_sent``: the sketch cells the body held, per slot."""
     state = table.state
     bad = ~(state[al.W] >= 0) | ~(state[al.DROP] >= 0) | ~np.isfinite(state[al.DROP])
     bad |= np.isnan(state[al.T])
-    for slot, cells in table.sketches.items():
+    for slot, cells in cells_sent.items():
         bad[slot] |= not bool((cells >= 0).all())
     for slot, agg in table.aggs.items():
         ranks = agg[:, 1]

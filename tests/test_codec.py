@@ -270,6 +270,24 @@ def test_windows_outside_their_sketch_raise() -> None:
         ms.Metrics.from_bytes(_join(header, rows.tobytes()))
 
 
+def test_a_negative_or_nan_cell_in_a_window_raises() -> None:
+    """The decoder checks the cells a window sent (the rest are zeros it wrote)."""
+    blob = _sketch_metrics(16.0, 4096.0).to_bytes()
+    header, body = _split(blob)
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    first = len(header["slots"]) * 8 + 2  # the state rows, the window, then its cells
+    count = int(rows[first - 1])
+    for at in (first, first + count // 2, first + count - 1):
+        for bad in (-1.0, np.nan):
+            cells = rows.copy()
+            cells[at] = bad
+            with pytest.raises(ms.CodecError, match="'len' holds a negative, NaN"):
+                ms.Metrics.from_bytes(_join(header, cells.tobytes()))
+    assert ms.Metrics.from_bytes(_join(header, rows.tobytes())).compute() == (
+        ms.Metrics.from_bytes(blob).compute()
+    )
+
+
 def test_many_empty_sketches_cannot_make_the_decoder_allocate_much() -> None:
     """Windows let a small blob declare whole sketches; past 4 MiB plus 32 bytes per byte
     of the blob it is refused, and the encoder then sends as few sketches whole as keep

@@ -19,6 +19,7 @@ from metricsync._sketch import (
     MIN_MAGNITUDE,
     SketchLayout,
     clamped_count,
+    held_span,
     ingest_numpy,
     ingest_torch,
     sketch_layout,
@@ -361,3 +362,17 @@ def test_sketches_answered_one_by_one_equal_the_vectorized_answer(
     got = query_sketches(layout, cells, qs, lo, hi, method)
     want = query(layout, np.stack(cells), qs, lo, hi, method)
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([0.0, -0.0, 1.0, 3.5, float("nan"), float("inf")]), min_size=1, max_size=64
+    )
+)
+def test_held_span_is_first_to_last_nonzero_cell(values: list[float]) -> None:
+    """The window the encoder sends: from the first cell flatnonzero finds to the last."""
+    cells = np.array(values)
+    held = np.flatnonzero(cells)
+    expect = (int(held[0]), int(held[-1]) + 1 - int(held[0])) if len(held) else (0, 0)
+    assert held_span(cells) == expect
