@@ -21,6 +21,8 @@ import math
 import re
 from collections.abc import Mapping
 
+from ._tokens import remember
+
 __all__ = ["MAX_FMT_LENGTH", "MAX_FMT_NUMBER", "check_fmt", "format_line", "format_value"]
 
 MAX_FMT_LENGTH = 32
@@ -119,9 +121,7 @@ def format_value(value: float, fmt: str | None = None) -> str:
     if fmt is not None:
         if fmt not in _CHECKED:
             check_fmt(fmt)
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED[fmt] = None
+            remember(_CHECKED, fmt, None, 4096)
         return format(value, fmt)
     magnitude = abs(value)
     if magnitude == 0.0:

@@ -40,6 +40,7 @@ import numpy as np
 from . import _algebra as al
 from ._spec import Spec
 from ._stats import Plan
+from ._tokens import remember
 
 __all__ = [
     "NO_WINDOW",
@@ -149,9 +150,7 @@ class Layout:
             specs = [self.specs[i] for i in positions.tolist()]
             plan = Plan(names, specs)
             part = Part(positions, names, specs, dict(zip(names, range(len(names)))), plan)
-            if len(self._parts) >= 4:  # a bound: the patterns of the latest syncs
-                self._parts.clear()
-            self._parts[key] = part
+            part = remember(self._parts, key, part, 4)  # a bound: the latest syncs' patterns
         return part
 
     def covers(self, names: list[str], specs: list[Spec]) -> bool:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from ._errors import SpecMismatchError
 from ._spec import DEFAULT_SPEC, Spec, canonical
-from ._tokens import derived
+from ._tokens import derived, remember
 
 __all__ = ["Slots", "SpecTable", "agree", "merged_rules"]
 
@@ -58,10 +58,7 @@ class _GlobIndex:
             return self.memo[name]
         except KeyError:
             best = self._match(name)
-        if len(self.memo) >= _MEMO_LIMIT:  # a bound, should a program make endless names
-            self.memo.clear()
-        self.memo[name] = best
-        return best
+        return remember(self.memo, name, best, _MEMO_LIMIT)  # should a program make endless names
 
     def _match(self, name: str) -> Spec | None:
         best_rank, best = -1, None
@@ -97,10 +94,8 @@ def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
     """
     key = frozenset(globs.items())
     index = _INDEXES.get(key)
-    if index is None:
-        if len(_INDEXES) >= 64:  # a bound, should a program make endless rule sets
-            _INDEXES.clear()
-        index = _INDEXES[key] = _GlobIndex(globs)
+    if index is None:  # bounded, should a program make endless rule sets
+        index = remember(_INDEXES, key, _GlobIndex(globs), 64)
     return index
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._sketch import sketch_layout
+from ._tokens import remember
 
 __all__ = [
     "ACROSS_MODES",
@@ -321,10 +322,8 @@ def canonical(spec: Spec) -> Spec:
     """The one shared instance of specs equal to ``spec``: equal specs then compare by identity,
     which keeps layouts of many metrics cheap to build and compare."""
     found = _CANONICAL.get(spec)
-    if found is None:
-        if len(_CANONICAL) >= _CANONICAL_LIMIT:  # a bound, should a program make endless specs
-            _CANONICAL.clear()
-        found = _CANONICAL[spec] = spec
+    if found is None:  # bounded, should a program make endless specs
+        found = remember(_CANONICAL, spec, spec, _CANONICAL_LIMIT)
     return found
 
 

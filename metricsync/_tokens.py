@@ -15,10 +15,7 @@ once for both.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from ._spec import Spec
+from typing import Any, TypeVar
 
 __all__ = ["EMPTY_TABLE", "derived", "remember", "slot_token", "token_of"]
 
@@ -55,7 +52,7 @@ def remember(kept: dict[Any, V], key: Any, value: V, bound: int) -> V:
 EMPTY_TABLE = object()  #: the token of every state table without slots
 
 
-def slot_token(token: object, slot: int, name: str, spec: Spec) -> object:
+def slot_token(token: object, slot: int, name: str, spec: Hashable) -> object:
     """The token of a state table of token ``token`` whose ``slot`` now holds ``name``
     with ``spec``: tables of the same names and specs (a ``Metrics`` made anew each step)
     share what is cached by token (the output plan, the fold's spec info, placements in a
@@ -63,7 +60,7 @@ def slot_token(token: object, slot: int, name: str, spec: Spec) -> object:
     return derived(token, slot, name, spec)
 
 
-def token_of(names: Sequence[str], specs: Sequence[Spec]) -> object:
+def token_of(names: Sequence[str], specs: Sequence[Hashable]) -> object:
     """The token a state table gets by opening ``names`` with ``specs`` in this order: a
     decoded table shares it with the tables it was encoded from.
 
