@@ -324,8 +324,8 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     offset = n * al.NCOL * 8  # the state rows, then the windows (version 2), then cells
     if windowed:
         windows = _windows(shape, body, offset)
-        offset += windows.nbytes
-        need = shape.fixed + windows.nbytes + 8 * int(windows[:, 1].sum())
+        offset += 16 * len(windows)
+        need = shape.fixed + 16 * len(windows) + 8 * sum(count for _, count in windows)
     else:
         windows, need = None, shape.fixed + shape.dense
     if need != len(body):
@@ -335,7 +335,7 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     cells: dict[int, np.ndarray] = {}
     sent: dict[int, np.ndarray] = {}  # the cells the body holds (the rest are zero)
     for i, (slot, size) in enumerate(shape.sketches):
-        start, count = (0, size) if windows is None else windows[i].tolist()
+        start, count = (0, size) if windows is None else windows[i]
         whole = cells[slot] = np.zeros(size)
         whole[start : start + count] = sent[slot] = _take(body, offset, count)
         offset += count * 8
@@ -351,17 +351,17 @@ def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
     return table
 
 
-def _windows(shape: _Shape, body: memoryview, offset: int) -> np.ndarray:
-    """The ``(start, count)`` window of each sketch, within its cells."""
-    raw = _take(body, offset, 2 * len(shape.sketches)).reshape(-1, 2)
-    sizes = np.array([size for _, size in shape.sketches], dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf: fail the checks below
-        ends = raw[:, 0] + raw[:, 1]
-    ok = (raw >= 0).all(1) & (ends <= sizes) & (raw == np.floor(raw)).all(1)
-    if not ok.all():  # NaN fails every comparison
-        name = shape.names[shape.sketches[int(np.argmin(ok))][0]]
-        raise CodecError(f"the sketch window of metric {name!r} is not within its cells")
-    return raw.astype(np.int64)
+def _windows(shape: _Shape, body: memoryview, offset: int) -> list[tuple[int, int]]:
+    """The ``(start, count)`` window of each sketch, within its cells (as Python floats)."""
+    raw = _take(body, offset, 2 * len(shape.sketches)).tolist()
+    out = []
+    for (slot, size), start, count in zip(shape.sketches, raw[::2], raw[1::2]):
+        whole = start.is_integer() and count.is_integer()  # not NaN, inf or a fraction
+        if not (whole and count >= 0 and 0 <= start <= size - count):
+            name = shape.names[slot]
+            raise CodecError(f"the sketch window of metric {name!r} is not within its cells")
+        out.append((int(start), int(count)))
+    return out
 
 
 def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:

@@ -261,7 +261,17 @@ def test_windows_outside_their_sketch_raise() -> None:
     rows = np.frombuffer(body, dtype="<f8").copy()
     at = len(header["slots"]) * 8  # the window follows the state rows
     start, count = rows[at : at + 2]
-    for bad in [(-1.0, count), (8067.0 - count + 1, count), (start + 0.5, count), (np.nan, count)]:
+    for bad in [
+        (-1.0, count),
+        (8067.0 - count + 1, count),
+        (start + 0.5, count),
+        (np.nan, count),
+        (start, -1.0),
+        (start, count + 0.5),
+        (start, np.inf),
+        (start, np.nan),
+        (1e308, 1e308),
+    ]:
         rows[at : at + 2] = bad
         with pytest.raises(ms.CodecError, match="window"):
             ms.Metrics.from_bytes(_join(header, rows.tobytes()))
