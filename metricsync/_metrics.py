@@ -306,9 +306,7 @@ class Metrics:
         """
         if not isinstance(other, Metrics):
             raise TypeError(f"can only merge a metricsync.Metrics, got {type(other).__name__}")
-        theirs = _store_of(other)
-        rules, table = theirs.rules, theirs.folded()  # not the live table: merging self is safe
-        self._store.absorb(rules, table)
+        self._store.absorb(_store_of(other))
         return self
 
     def copy(self) -> Metrics:

@@ -102,18 +102,14 @@ class Store:
         name = self.table.names[slot]
         if name in self.pending.held() or slot in self.pending.chunk_slots():
             return True
-        if any(name == pending for pending, _ in self.deferred):
-            return True
-        return self.table.holds_data(slot) or slot in self.devices.recorded_slots()
+        deferred = any(name == pending for pending, _ in self.deferred)
+        return deferred or self.table.holds_data(slot) or slot in self.devices.recorded_slots()
 
     # -------------------------------------------------------------- recording
 
     def prepare(self, name: Any, value: Any, weight: Any, mask: Any) -> Callable[[], None]:
-        """Check and convert one record; the function returned applies it.
-
-        Everything that can be wrong with the input raises here, naming the
-        metric, so applying cannot fail on it.
-        """
+        """Check and convert one record; the function returned applies it. Everything that
+        can be wrong with the input raises here, naming the metric: applying cannot fail."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
         cls = value.__class__
@@ -180,12 +176,11 @@ class Store:
 
     def add_masked(self, name: str, x: Any, mask: Any) -> bool:
         """Record a large float CPU tensor under a boolean CPU mask of its shape, for a name
-        whose number buffer is open; False when they are not such tensors (the general path
-        takes them, and checks them). The kept samples are buffered when they are few
-        enough (folded with the rest), else reduced now. ``numpy()`` raises ``TypeError``
-        or ``RuntimeError`` for a tensor it cannot view (autograd, a negative or conjugate
-        bit, sparse, nested, not on the CPU, bfloat16): the caller then takes the general
-        path, nothing recorded."""
+        whose number buffer is open; False for other tensors (the general path takes and
+        checks them). Kept samples are buffered when few enough, else reduced now. ``numpy()``
+        raises ``TypeError`` or ``RuntimeError`` for a tensor it cannot view (autograd, a
+        negative or conjugate bit, sparse, nested, not on the CPU, bfloat16): the caller then
+        takes the general path, nothing recorded."""
         xn, mn = x.numpy(), mask.numpy()
         if mn.dtype is not _BOOL or xn.dtype not in _FLOATS or xn.shape != mn.shape:
             return False
@@ -284,17 +279,19 @@ class Store:
         """``folded().compute()``; on the table itself, under the lock, when nothing waits
         to be folded (a synced ``Metrics``): no copy."""
         with self.lock:
-            if not self.deferred and not self.devices and self.pending.empty():
+            if self.settled():
                 return self.table.compute()
         return self.folded().compute()
 
-    def snapshot(self, devices: bool = True) -> StateTable:
-        """A copy of the table plus every pending sample, the caller's to change.
+    def settled(self) -> bool:
+        """Whether nothing waits to be folded: the table holds every sample (take the lock)."""
+        return not self.deferred and not self.devices and self.pending.empty()
 
-        With ``devices``, device states come to the host (one copy per device);
-        a device record that failed its checks raises ``ValueError`` naming the
-        metric (the record is dropped, so the next snapshot succeeds).
-        """
+    def snapshot(self, devices: bool = True) -> StateTable:
+        """A copy of the table plus every pending sample, the caller's to change. With
+        ``devices``, device states come to the host (one copy per device); a device record
+        that failed its checks raises ``ValueError`` naming the metric (the record is
+        dropped, so the next snapshot succeeds)."""
         return self.folded(devices).copy()
 
     def folded(self, devices: bool = True) -> StateTable:
@@ -379,16 +376,20 @@ class Store:
             self.deferred = []
             self.table.reset()
 
-    def absorb(self, rules: SpecTable, table: StateTable) -> None:
-        """Merge another Metrics' rules and snapshot in; it counts as one rank."""
-        with self.lock:
+    def absorb(self, other: Store) -> None:
+        """Merge another store's rules and samples in, as one rank (itself: from a snapshot).
+        Both locks are held, taken in one order (no deadlock between two threads merging
+        each way), so a settled store's table (a decoded result's) is read as it is."""
+        first, last = sorted((self.lock, other.lock), key=id)  # merging itself: one RLock twice
+        with first, last:
             self._changes += 1
+            table = other.table if other is not self and other.settled() else other.folded()
             # by token: a pair that agreed, changing no spec, agrees again (workers' results)
-            key = (self.table.token, self.rules.token, table.token, rules.token)
+            key = (self.table.token, self.rules.token, table.token, other.rules.token)
             if (merged := _AGREED.get(key)) is not None:
                 self._apply_rules(merged.copy(), {})
             else:
-                merged = merged_rules(self.rules, self.table, rules, table)
+                merged = merged_rules(self.rules, self.table, other.rules, table)
                 changes = self._rule_changes(merged)
                 if not changes:  # a bound: the pairs of the latest merges
                     remember(_AGREED, key, merged.copy(), 64)

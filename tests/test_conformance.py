@@ -465,6 +465,97 @@ def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.Monkey
     assert ms.merge([ms.Metrics.from_bytes(b) for b in blobs]).compute() == got
 
 
+def test_a_decoded_result_merges_from_its_own_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoded worker result has nothing to fold: a merge reads its table without a copy
+    (before: one per part). The merge equals numpy over the samples, and afterwards the
+    parts and the result change apart (records past a fold, a reset, new names)."""
+    from metricsync._table import StateTable
+
+    specs = {"len": ms.Spec(("mean", "max", "p50")), "g": ms.Spec("mean", across="max")}
+    samples = {r: np.arange(1.0, 20.0 * (r + 1)) for r in range(4)}
+
+    def worker(rank: int) -> ms.Metrics:
+        m = ms.Metrics(specs)
+        m.record("len", samples[rank])
+        m.record("g", [1.0, 2.0 * rank])
+        m.record("x", float(rank))
+        return ms.Metrics.from_bytes(m.to_bytes())
+
+    copies = [0]
+    original = StateTable.copy
+
+    def counted(self: StateTable) -> StateTable:
+        copies[0] += 1
+        return original(self)
+
+    monkeypatch.setattr(StateTable, "copy", counted)
+    parts = [worker(r) for r in range(4)]
+    parts[3].record("x", 7.0)  # a part with a pending sample: folded into a snapshot
+    copies[0] = 0
+    result = ms.merge(parts)
+    assert copies[0] == 1  # the part with a pending sample; before: 4
+    pooled = np.concatenate(list(samples.values()))
+    want = {"len/mean": float(pooled.mean()), "len/max": float(pooled.max())}
+    want |= {"g": max(np.mean([1.0, 2.0 * r]) for r in range(4)), "x": np.mean([0, 1, 2, 3, 7])}
+    got = result.compute()
+    assert all(math.isclose(got[k], v, rel_tol=1e-12) for k, v in want.items()), got
+    assert abs(got["len/p50"] / np.median(pooled) - 1) <= 0.011
+    for part in parts:
+        for _ in range(5000):  # past a number buffer's bound: a fold into the part's table
+            part.record("x", 1e6)
+        part.record("len", np.full(300, 1e6))
+        part.record("new", 1.0)
+    assert result.compute() == got
+    for part in parts:
+        part.reset()
+    assert result.compute() == got
+    result.record("len", [1e9])
+    result.record("only/result", 1.0)
+    assert all(p.compute() == {} for p in parts)
+
+
+def test_two_threads_merging_two_metrics_each_way_finish() -> None:
+    """Each merge holds both objects' locks, taken in one order whichever way it runs. The
+    locks are made to wait, once each thread holds its first, for the other thread to hold
+    one too (up to a second): taken in the order of the call, each would hold one lock and
+    wait for the other's for ever."""
+    import threading
+
+    holds = {"ab": threading.Event(), "ba": threading.Event()}
+
+    class Gated:
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+
+        def __enter__(self) -> Gated:
+            self.lock.acquire()
+            mine = holds.get(threading.current_thread().name)
+            if mine is not None and not mine.is_set():
+                mine.set()
+                other = holds["ba" if threading.current_thread().name == "ab" else "ab"]
+                other.wait(timeout=1.0)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    a, b = ms.Metrics(), ms.Metrics()
+    a.record("x", 1.0)
+    b.record("x", 2.0)
+    a._store.lock, b._store.lock = Gated(), Gated()  # type: ignore[assignment]
+    threads = [
+        threading.Thread(target=left.merge, args=(right,), name=name, daemon=True)
+        for name, left, right in (("ab", a, b), ("ba", b, a))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert all(e.is_set() for e in holds.values())
+    assert sorted([a.compute()["x"], b.compute()["x"]]) in ([4 / 3, 1.5], [1.5, 5 / 3])
+
+
 def test_a_merge_of_empty_parts_leaves_room_to_record() -> None:
     """An empty result merged with empty parts (workers that recorded nothing) records,
     folds past a buffer's bound and merges into itself as a new one does."""
