@@ -394,7 +394,4 @@ class Store:
                 if not changes:  # a bound: the pairs of the latest merges
                     remember(_AGREED, key, merged.copy(), 64)
                 self._apply_rules(merged, changes)
-            held = len(self.table.names)
-            self.table.absorb(table)
-            for name, spec in zip(self.table.names[held:], self.table.specs[held:]):
-                self.pending.open(name, spec)  # the names it gained
+            self.table.absorb(table)  # a gained name opens its number buffer at its record

@@ -511,6 +511,9 @@ def test_a_decoded_result_merges_from_its_own_table(monkeypatch: pytest.MonkeyPa
     assert result.compute() == got
     result.record("len", [1e9])
     result.record("only/result", 1.0)
+    for _ in range(2):  # a name the merge gave it: its number buffer opens at its record
+        result.record("x", 100.0)
+    assert math.isclose(result.compute()["x"], np.mean([0, 1, 2, 3, 7, 100, 100]))
     assert all(p.compute() == {} for p in parts)
 
 
