@@ -31,12 +31,16 @@ def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
     return header, body
 
 
+def _blob(head: bytes, body: bytes, version: int = codec.FORMAT_VERSION, flags: int = 0) -> bytes:
+    """A blob of these header bytes and body, with its lengths and checksum."""
+    blob = HEAD.pack(b"MSYN", version, flags, len(head), len(body)) + head + body
+    return blob + struct.pack("<I", zlib.crc32(blob))
+
+
 def _join(
     header: dict[str, Any], body: bytes, version: int = codec.FORMAT_VERSION, flags: int = 0
 ) -> bytes:
-    head = json.dumps(header).encode()
-    blob = HEAD.pack(b"MSYN", version, flags, len(head), len(body)) + head + body
-    return blob + struct.pack("<I", zlib.crc32(blob))
+    return _blob(json.dumps(header).encode(), body, version, flags)
 
 
 def test_round_trip_keeps_values_specs_and_rules() -> None:
@@ -88,9 +92,7 @@ def test_no_pickle_in_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
 def _with_body(blob: bytes, body: bytes) -> bytes:
     """``blob`` with another body behind the very same header bytes."""
     _, _, _, head_len, _ = HEAD.unpack_from(blob)
-    head = blob[HEAD.size : HEAD.size + head_len]
-    out = HEAD.pack(b"MSYN", codec.FORMAT_VERSION, 0, len(head), len(body)) + head + body
-    return out + struct.pack("<I", zlib.crc32(out))
+    return _blob(blob[HEAD.size : HEAD.size + head_len], body)
 
 
 def test_a_header_decoded_again_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
