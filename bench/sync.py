@@ -7,7 +7,9 @@ every approach is timed in the same processes, so the ratios compare like with
 like: metricsync's sync + compute, OLMo-core's ``reduce_metrics`` (replicated),
 the floor (metricsync's own collectives on buffers packed in advance),
 ``all_gather_object`` and one ``all_reduce`` per metric; then syncs whose
-layout changed, and bytes per sync and per quantile metric. See
+layout changed, bytes per sync and per quantile metric, and the CPU a call costs
+every rank's process together (on fewer cores than ranks, a call takes at least that
+over the cores). See
 ``metricsync/_benchmark.py`` for what each approach does.
 """
 

@@ -33,16 +33,18 @@ median over the repeats:
 
 It also counts the payload bytes each rank hands to the collectives per
 steady sync (for gloo's all-to-all, the chunk each other rank receives), and the bytes per quantile metric: the marginal bytes of one
-more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy).
+more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy); and the CPU
+per call of the first six approaches, every rank's process together (``cpu_*``).
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
->>> row["collectives_metricsync"] <= 3, row["t_metricsync"] > 0
-(True, True)
+>>> row["collectives_metricsync"] <= 3, row["cpu_floor"] > 0, "CPU per call" in format_rows([row])
+(True, True, True)
 """
 
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import statistics
 import sys
@@ -72,12 +74,15 @@ def _interleaved(
     repeats: int,
     every: dict[str, int] | None = None,
     tick: Callable[[str], None] | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The slowest rank's median seconds per call of each function, run interleaved.
 
     Every rank calls them together: repeat ``r`` runs each function once (those
     in ``every`` only on every n-th repeat), in an order rotated by ``r``, each
-    call after a barrier. Each function runs once first, untimed.
+    call after a barrier. Each function runs once first, untimed. ``cpu``, if
+    given, gets each function's median CPU seconds per call of every rank's
+    process together (their threads included).
     """
     import torch
     import torch.distributed as dist
@@ -87,15 +92,17 @@ def _interleaved(
     for name in names:
         fns[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
+    used: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             if r % every.get(name, 1):
                 continue
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             fns[name]()
             times[name].append(time.perf_counter() - start)
+            used[name].append(time.process_time() - cpu_start)
         if tick is not None:
             tick(f"repeat {r + 1}")
     out = {}
@@ -103,6 +110,10 @@ def _interleaved(
         per_call = torch.tensor(times[name], dtype=torch.float64)
         dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
         out[name] = float(statistics.median(per_call.tolist()))
+        if cpu is not None:
+            all_ranks = torch.tensor(used[name], dtype=torch.float64)
+            dist.all_reduce(all_ranks)
+            cpu[name] = float(statistics.median(all_ranks.tolist()))
     return out
 
 
@@ -253,6 +264,7 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
     per_metric_repeats = max(3, min(repeats, 2000 // sample))
     steps = repeats + per_metric_repeats + changed_repeats + 1
     result: dict[str, float] = {"K": float(k), "world": float(world)}
+    cpu: dict[str, float] = {}
     with _progress(progress and rank == 0, steps, f"{world} ranks, K={k:,}") as tick:
         t = _interleaved(
             {
@@ -266,8 +278,10 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
             repeats,
             every={"gather_object": 4},
             tick=tick,
+            cpu=cpu,
         )
         result |= {f"t_{name}": v for name, v in t.items()}
+        result |= {f"cpu_{name}": v for name, v in cpu.items()}
         t_sample = _interleaved({"per_metric": per_metric}, per_metric_repeats, tick=tick)
         result["t_per_metric"] = t_sample["per_metric"] * k / sample
         # each changed sync is unique: its untimed first call is one more change
@@ -358,6 +372,18 @@ def format_rows(rows: list[dict[str, float]]) -> str:
             f"{int(r['world']):>5} {int(r['K']):>6} {int(r['bytes_metricsync']):>11,}"
             f" {r['bytes_metricsync'] / r['K']:>10.1f} {int(r['bytes_gather_object']):>11,}"
             f" {int(r['bytes_quantile_marginal']):>20,}"
+        )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines += [
+        "",
+        f"CPU per call, every rank's process together: a call takes at least this / {cores} cores",
+        f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'sync only':>10} {'floor':>9} {'ratio':>7}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{int(r['world']):>5} {int(r['K']):>6} {_ms(r['cpu_metricsync']):>11}"
+            f" {_ms(r['cpu_sync_only']):>10} {_ms(r['cpu_floor']):>9}"
+            f" {r['cpu_metricsync'] / r['cpu_floor']:>6.1f}x"
         )
     return "\n".join(lines)
 
