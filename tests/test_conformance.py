@@ -517,6 +517,42 @@ def test_a_decoded_result_merges_from_its_own_table(monkeypatch: pytest.MonkeyPa
     assert all(p.compute() == {} for p in parts)
 
 
+def test_a_merge_reads_a_settled_source_under_its_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge reads a settled source's table itself, so a thread recording into the source
+    meanwhile (past its buffer's bound: a fold into that table) waits for the merge. It is
+    started between the merge's read of the state and of the sketches, and given half a
+    second: without the source's lock its fold lands in the merged sketch alone."""
+    import threading
+
+    from metricsync._table import StateTable
+
+    source = ms.Metrics({"len": ms.Spec(("mean", "p50"))})
+    source.record("len", np.arange(1.0, 21.0))
+    source = ms.Metrics.from_bytes(source.to_bytes())  # settled: nothing to fold
+    want = source.compute()
+    original = StateTable.merge_state
+    recorder: list[threading.Thread] = []
+
+    def record_past_a_fold() -> None:
+        for _ in range(5000):
+            source.record("len", 1e6)
+
+    def merge_state(self: StateTable, slots: Any, cols: np.ndarray) -> None:
+        original(self, slots, cols)
+        if not recorder:  # the result's first merge: its sketches are read next
+            recorder.append(threading.Thread(target=record_past_a_fold, daemon=True))
+            recorder[0].start()
+            recorder[0].join(timeout=0.5)
+
+    monkeypatch.setattr(StateTable, "merge_state", merge_state)
+    result = ms.Metrics().merge(source)
+    assert result.compute() == want
+    assert result.histograms()["len"].total == 20  # without the lock: 4,116 in the sketch
+    recorder[0].join(timeout=30)
+    assert not recorder[0].is_alive()
+    assert source.compute()["len/p50"] == pytest.approx(1e6, rel=0.01)
+
+
 def test_two_threads_merging_two_metrics_each_way_finish() -> None:
     """Each merge holds both objects' locks, taken in one order whichever way it runs. The
     locks are made to wait, once each thread holds its first, for the other thread to hold
