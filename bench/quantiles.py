@@ -1,6 +1,6 @@
 """Benchmark the metricsync quantile sketch against numpy.quantile and the ddsketch package.
 
-Run: ``.venv/bin/python bench/quantiles.py [--n 1000000] [--repeats 7]``
+Run: ``.venv/bin/python bench/quantiles.py [--n 1000000] [--repeats 7] [--observe-only]``
 
 For ``n`` lognormal float32 values it times, in one process, the full path a
 metric takes from raw samples to p50/p90/p99:
@@ -13,12 +13,19 @@ metric takes from raw samples to p50/p90/p99:
 
 It prints median times, the ratios against the baselines, the largest
 relative error of our quantiles against numpy's, and the state size per metric.
+
+Then, what observing a ``Metrics`` of Q quantile metrics costs after each step's
+records (8 new samples each): ``compute()`` folds the pending samples into a copy of
+the table, every dense sketch included; it prints the median time of a call and the
+minor page faults counted around it (the allocator handing the freed copies back to
+the system and faulting them in again: it depends on the process's history).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import resource
 import statistics
 import sys
 import time
@@ -56,6 +63,37 @@ def _optional_module(name: str) -> Any:
         return None
 
 
+def observe_after_records(metrics: int, steps: int = 200) -> tuple[float, float]:
+    """Median seconds and minor page faults of a ``compute()`` after each step's records."""
+    import metricsync as ms
+
+    m = ms.Metrics({"q/*": ms.Spec(("mean", "p50", "p99"))})
+    rng = np.random.default_rng(0)
+    for i in range(metrics):
+        m.record(f"q/{i}", rng.integers(16, 4097, 100))
+    m.compute()
+    times, faults = [], []
+    for _ in range(steps):
+        for i in range(metrics):
+            m.record(f"q/{i}", rng.integers(16, 4097, 8))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        m.compute()
+        times.append(time.perf_counter() - start)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return statistics.median(times), statistics.median(faults)
+
+
+def _print_observations() -> int:
+    for q in (2, 10):
+        seconds, faults = observe_after_records(q)
+        print(
+            f"compute() after each step's records, {q:>2} quantile metrics: "
+            f"{seconds * 1e6:7.1f} us, {faults:.0f} minor page faults a call (median)"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="number of samples")
@@ -67,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="torch intra-op threads (default 1: numpy and ddsketch run on one core too)",
     )
+    parser.add_argument(
+        "--observe-only",
+        action="store_true",
+        help="only the compute() after records (a fresh process: no large buffer freed before)",
+    )
     args = parser.parse_args(argv)
+    if args.observe_only:
+        return _print_observations()
 
     layout = sketch_layout(args.accuracy)
     values = np.random.default_rng(0).lognormal(0.0, 2.0, size=args.n).astype(np.float32)
@@ -131,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         f"state per metric:             {layout.n_cells * 8:,} bytes "
         f"({layout.n_cells} float64 cells, limit 65,536)"
     )
+    print()
+    _print_observations()
     met = t_numpy > t_ours and (t_dd is None or t_dd >= 100 * t_ours)
     print("targets met" if met else "TARGETS MISSED")
     return 0
