@@ -496,6 +496,33 @@ def test_observing_mid_way_changes_nothing(case: Any) -> None:
     assert observed[1] == plain[1]
 
 
+@given(
+    st.lists(st.lists(an_op(HAS_TORCH), max_size=6), min_size=1, max_size=4),
+    st.permutations(range(4)),
+)
+@SETTINGS
+def test_merging_settled_parts_equals_merging_them_as_recorded(
+    parts: list[list[Any]], order: list[int]
+) -> None:
+    """A merge reads a settled part (nothing to fold: a decoded result) from its table and
+    folds any other part into a copy first: merging the parts as recorded, pending samples
+    and all, and decoded from their bytes gives the same bytes, in any order."""
+    with clock() as now, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's warnings about NaN weights are not the point
+        recorded = []
+        for j, ops in enumerate(parts):
+            m = ms.Metrics(SPECS)
+            for i, op in enumerate(ops):
+                now[0] = 1000.0 * j + 10.0 * (i + 1)
+                _apply(m, op, i)
+            recorded.append(m)
+        settled = [ms.Metrics.from_bytes(m.to_bytes()) for m in recorded]
+        at = [i for i in order if i < len(parts)]
+        merged, decoded = ms.merge([recorded[i] for i in at]), ms.merge([settled[i] for i in at])
+        assert decoded.to_bytes() == merged.to_bytes()
+        assert bits(decoded.compute()) == bits(merged.compute())
+
+
 # ----------------------------------------------------------------- warnings
 
 EXTREMES = [
