@@ -379,6 +379,20 @@ def test_rules_merge_the_same_in_either_order(case: str) -> None:
         assert "SpecMismatchError" not in results and all(r == results[0] for r in results)
 
 
+def _calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int]:
+    """Count the calls of method ``name`` of ``cls``: the list's one item (the caller may
+    set it back to 0)."""
+    original = getattr(cls, name)
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
 def test_a_pair_merged_again_is_checked_from_what_agreed_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -399,14 +413,7 @@ def test_a_pair_merged_again_is_checked_from_what_agreed_before(
             m.record(f"odd/{rank}", 1.0)
         return m
 
-    lookups = [0]
-    original = SpecTable.explicit
-
-    def counted(self: SpecTable, name: str) -> ms.Spec | None:
-        lookups[0] += 1
-        return original(self, name)
-
-    monkeypatch.setattr(SpecTable, "explicit", counted)
+    lookups = _calls(monkeypatch, SpecTable, "explicit")
     got = []
     for _ in range(2):
         parts = [worker(r) for r in range(4)]
@@ -441,14 +448,7 @@ def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.Monkey
     want = {f"loss/{i}": float(np.mean([i * r for r in range(4)])) for i in range(5)}
     want |= {"t/step": 0.4, "odd/1": 1.0, "odd/3": 3.0}
     want["g"] = float(np.mean([np.mean([1.0, 2.0 * r]) for r in range(4)]))
-    lookups = [0]
-    original = StateTable.slots_of
-
-    def counted(self: StateTable, names: Any, specs: Any) -> list[int]:
-        lookups[0] += 1
-        return original(self, names, specs)
-
-    monkeypatch.setattr(StateTable, "slots_of", counted)
+    lookups = _calls(monkeypatch, StateTable, "slots_of")
     seen = []
     for _ in range(2):
         parts = [ms.Metrics.from_bytes(b) for b in blobs]
@@ -481,14 +481,7 @@ def test_a_decoded_result_merges_from_its_own_table(monkeypatch: pytest.MonkeyPa
         m.record("x", float(rank))
         return ms.Metrics.from_bytes(m.to_bytes())
 
-    copies = [0]
-    original = StateTable.copy
-
-    def counted(self: StateTable) -> StateTable:
-        copies[0] += 1
-        return original(self)
-
-    monkeypatch.setattr(StateTable, "copy", counted)
+    copies = _calls(monkeypatch, StateTable, "copy")
     parts = [worker(r) for r in range(4)]
     parts[3].record("x", 7.0)  # a part with a pending sample: folded into a snapshot
     copies[0] = 0
