@@ -12,6 +12,7 @@ that holds them: :func:`pack` labels every sample of this rank with its rank,
 replacing the ranks of an earlier sync, so a result's ranks count in one group. Sketches follow in a second gather, limited to the cells between
 the global minimum and maximum every rank now knows.
 
+>>> from metricsync._algebra import identity
 >>> from metricsync._layout import Layout
 >>> from metricsync._spec import Spec
 >>> from metricsync._table import StateTable
@@ -32,7 +33,6 @@ import numpy as np
 
 from . import _algebra as al
 from ._across import ACOL, empty_aggregate, fold_rank, merge_aggregates
-from ._algebra import identity
 from ._layout import Layout, Window
 from ._quantile import window
 from ._sketch import sketch_layout
@@ -62,16 +62,26 @@ def positions(table: StateTable, layout: Layout) -> np.ndarray:
 
 def pack_index(n: int, layout: Layout, where: np.ndarray) -> tuple[np.ndarray, ...]:
     """Where :func:`pack` reads a table of ``n`` slots (placed by ``where``): for each
-    carried value, its index in the state with one identity column appended, raveled;
-    and the packed positions of the rank columns with the index of their ``W``."""
-    parts = [c * (n + 1) + where[layout.carried[c]] for c in range(al.NCOL_ALL)]
-    flat = np.concatenate(parts).astype(np.intp)
-    sizes = np.cumsum([0] + [len(p) for p in parts])
+    carried value, its state column and slot (slot 0 where the table has none); the
+    packed positions the table has no slot for, with their columns' identities; and
+    the packed positions of the rank columns, with whether the table lacks each slot."""
+    rows = np.repeat(np.arange(al.NCOL_ALL), [len(at) for at in layout.carried])
+    slots = np.concatenate([where[at] for at in layout.carried]).astype(np.intp)
+    absent = slots == n
+    slots[absent] = 0  # a table always has room for a slot (its state is never 0 wide)
+    missing = np.flatnonzero(absent)
+    sizes = np.cumsum([0] + [len(at) for at in layout.carried])
     rank_at = np.r_[
         sizes[al.MAXRANK] : sizes[al.MAXRANK + 1], sizes[al.MINRANK] : sizes[al.MINRANK + 1]
     ].astype(np.intp)
-    rank_w = flat[rank_at] % (n + 1) + al.W * (n + 1)
-    return flat, rank_at, rank_w
+    return (
+        rows.astype(np.intp),
+        slots,
+        missing,
+        al.IDENTITY[rows[missing]],
+        rank_at,
+        absent[rank_at],
+    )
 
 
 def pack(
@@ -79,13 +89,20 @@ def pack(
 ) -> np.ndarray:
     """This rank's state in ``layout`` (``where`` from :func:`positions`, ``index`` from
     :func:`pack_index`) as one vector."""
-    flat, rank_at, rank_w = index
-    state = np.concatenate([table.state, _NO_SAMPLES], axis=1).ravel()
-    data = state[flat]
+    rows, slots, missing, fill, rank_at, rank_absent = index
+    cols = table.cols  # read in place: a copy of a state of 10,000 slots costs more
+    if cols.flags.c_contiguous:  # one gather from the raveled columns is the cheapest read
+        flat = rows * cols.shape[1]
+        flat += slots
+        data = cols.ravel().take(flat)
+    else:
+        data = cols[rows, slots]
+    data[missing] = fill
     if len(rank_at):
         # every sample this rank holds is this rank's here, whatever an earlier sync said, so
         # the ranks of a result always count in the group of the sync that made it
-        data[rank_at] = np.where(state[rank_w] > 0, float(rank), np.nan)
+        held = (cols[al.W, slots[rank_at]] > 0) & ~rank_absent
+        data[rank_at] = np.where(held, float(rank), np.nan)
     if not len(layout.across):
         return data
     parts = [data]
@@ -101,9 +118,6 @@ def pack(
                 agg = fold_rank(agg, own[slot], spec.across == "first", before=True)
         parts.append(agg.reshape(-1))
     return np.concatenate(parts)
-
-
-_NO_SAMPLES = identity(1)
 
 
 def merge_ranks(layout: Layout, gathered: np.ndarray) -> StateTable:

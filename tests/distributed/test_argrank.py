@@ -264,6 +264,32 @@ def _check_show_ranks(log_dir: Path, seed: int, world: int) -> None:
         assert set(got) == shown
 
 
+def _lacking_worker(rank: int, world: int) -> list[dict[str, float]]:
+    specs = {"a": ms.Spec("mean"), "t": ms.Spec(("min", "max"), argrank=True)}
+    out = []
+    for _ in range(2):  # the first sync agrees the layout; the second packs into it
+        m = ms.Metrics(specs)
+        m.record("a", 1.0)  # slot 0 holds samples on every rank
+        if rank == world - 1:
+            m.record("t", [-INF, -INF])  # extremes equal to "no samples"
+        out.append(m.sync(timeout=60).compute())
+    return out
+
+
+def test_a_rank_lacking_a_name_claims_none_of_its_extremes() -> None:
+    """Ranks without the name tie with its holder's -inf maximum: only the holder's rank
+    may be named (the lowest rank wins ties, so a lacking rank that claimed would win)."""
+    for out in run_distributed(_lacking_worker, 3, timeout=120):
+        for got in out:
+            assert got == {
+                "a": 1.0,
+                "t/min": -INF,
+                "t/max": -INF,
+                "t/max_rank": 2.0,
+                "t/min_rank": 2.0,
+            }
+
+
 @pytest.mark.parametrize("across", ["mean", "sum", "min", "max", "first"])
 def test_argrank_needs_pooled_samples(across: str) -> None:
     with pytest.raises(ValueError, match="argrank needs across='exact'"):
