@@ -2,8 +2,8 @@
 
 A :class:`Plan` lists every output key of a set of (name, spec) pairs with
 the slot and statistic behind it; it is built once per layout. :func:`compute`
-then evaluates each plain statistic as one vector over all metrics, every
-quantile of every sketch in one query, and picks the keys of metrics that hold
+then evaluates each plain statistic as one vector over the metrics asking for
+it, every quantile of every sketch in one query, and picks the keys of metrics that hold
 samples with one fancy index: no Python loop per metric (``across`` metrics,
 usually few, are combined one by one).
 
@@ -99,39 +99,41 @@ class Plan:
         self.ddof = np.array([spec.ddof for spec in distinct], dtype=np.float64)[ids]
         # what local_values and compute need of the codes, worked out once per plan
         codes = self.codes
-        self.plain = np.where(codes >= 0, np.minimum(codes, len(_PLAIN) - 1), 0)
+        # each plain statistic asked for, with its keys and their slots
+        self.by_code = [
+            (code, at, self.slots[at])
+            for code in range(len(_PLAIN))
+            if len(at := np.flatnonzero(codes == code))
+        ]
         self.dropped = np.flatnonzero(codes == _DROPPED)
         self.ranks = [(np.flatnonzero(codes == c), col) for c, col in _RANK_COLUMNS]
         self.ranks = [(at, col) for at, col in self.ranks if len(at)]
         self.quantile_at = np.flatnonzero(codes == _QUANTILE)
         self.template: dict[str, float] | None = None  # see compute
         self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
-        self.last = bool((codes == _CODE["last"]).any())
-        self.moments = bool(((codes == _CODE["var"]) | (codes == _CODE["std"])).any())
 
 
-def _plain_stats(cols: np.ndarray, plan: Plan) -> np.ndarray:
-    """``(len(_PLAIN), n)``: every plain statistic of every metric (NaN without samples);
-    ``last``, ``var`` and ``std`` only if some key of ``plan`` asks for them."""
-    w = cols[al.W]
+def _statistic(code: int, cols: np.ndarray, slots: np.ndarray, ddof: np.ndarray) -> np.ndarray:
+    """Plain statistic ``code`` of the metrics in ``slots`` (NaN without samples)."""
+    if code == _CODE["sum"]:
+        return cols[al.S, slots]
+    if code == _CODE["last"]:
+        return np.where(cols[al.T, slots] > -np.inf, cols[al.LAST, slots], np.nan)
+    w = cols[al.W, slots]
+    if code == _CODE["count"]:
+        return w
     has = w > 0
-    safe = np.where(has, w, 1.0)
-    out = np.empty((len(_PLAIN), cols.shape[1]))
-    out[_CODE["mean"]] = np.where(has, cols[al.S] / safe, np.nan)
-    out[_CODE["sum"]] = cols[al.S]
-    out[_CODE["count"]] = w
-    out[_CODE["min"]] = np.where(has, -cols[al.NEGMIN], np.nan)
-    out[_CODE["max"]] = np.where(has, cols[al.MAX], np.nan)
-    if plan.last:
-        out[_CODE["last"]] = np.where(cols[al.T] > -np.inf, cols[al.LAST], np.nan)
-    if not plan.moments:
-        return out
-    dof = w - plan.ddof
-    m2 = cols[al.M2]
+    if code == _CODE["mean"]:
+        return np.where(has, cols[al.S, slots] / np.where(has, w, 1.0), np.nan)
+    if code == _CODE["min"]:
+        return np.where(has, -cols[al.NEGMIN, slots], np.nan)
+    if code == _CODE["max"]:
+        return np.where(has, cols[al.MAX, slots], np.nan)
+    dof = w - ddof[slots]
+    m2 = cols[al.M2, slots]
     var = np.where(m2 < 0, 0.0, m2) / np.where(dof > 0, dof, 1.0)
-    out[_CODE["var"]] = np.where(has & (dof > 0), var, np.nan)
-    out[_CODE["std"]] = np.sqrt(out[_CODE["var"]])
-    return out
+    var = np.where(has & (dof > 0), var, np.nan)
+    return var if code == _CODE["var"] else np.sqrt(var)
 
 
 def _quantiles(
@@ -164,7 +166,9 @@ def local_values(
 ) -> np.ndarray:
     """The value of every key of ``plan`` from the metrics' own samples (NaN where none)."""
     with np.errstate(all="ignore"):
-        values = _plain_stats(cols, plan)[plan.plain, plan.slots]
+        values = np.empty(len(plan.codes))  # keys of no plain statistic are set below
+        for code, at, slots in plan.by_code:  # each statistic over the keys asking for it
+            values[at] = _statistic(code, cols, slots, plan.ddof)
         if len(plan.dropped):
             values[plan.dropped] = cols[al.DROP, plan.slots[plan.dropped]]
         for at, col in plan.ranks:

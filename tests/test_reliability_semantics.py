@@ -370,6 +370,59 @@ def test_ddof_against_numpy_with_frequency_weights(
     assert got["x/std"] == pytest.approx(math.sqrt(want), rel=1e-9, abs=1e-9)
 
 
+_PLAIN_STATS = ("mean", "sum", "count", "min", "max", "last", "var", "std")
+
+
+def _numpy_statistic(stat: str, x: np.ndarray, ddof: int) -> float:
+    if stat in ("var", "std"):
+        if len(x) - ddof <= 0:
+            return math.nan
+        var = float(np.var(x, ddof=ddof))
+        return var if stat == "var" else math.sqrt(var)
+    if stat in ("count", "last"):
+        return float(len(x) if stat == "count" else x[-1])
+    return float(getattr(np, stat)(x))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_PLAIN_STATS), min_size=1, max_size=4, unique=True),
+            st.sampled_from([0, 1, 2]),
+            st.lists(st.integers(-1000, 1000).map(lambda i: i / 8), max_size=6),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.randoms(use_true_random=False),
+)
+@SETTINGS
+def test_every_metric_gets_its_own_statistics_and_ddof(
+    metrics: list[tuple[list[str], int, list[float]]], rng: Any
+) -> None:
+    """Metrics of different statistics and ddof side by side, their slots in a drawn
+    order: each key is numpy's statistic of that metric's samples, with its ddof."""
+    specs = {
+        f"m{i}": ms.Spec(tuple(stats), ddof=ddof) for i, (stats, ddof, _) in enumerate(metrics)
+    }
+    samples = {name: xs for name, (_, _, xs) in zip(specs, metrics) if xs}
+    m = ms.Metrics(specs)
+    for name in sorted(samples, key=lambda _: rng.random()):  # slots in a drawn order
+        m.record(name, samples[name][0])
+    for name, xs in samples.items():
+        for x in xs[1:]:
+            m.record(name, x)
+    want = {}
+    for name, (stats, ddof, xs) in zip(specs, metrics):
+        for key, stat in zip(specs[name].output_keys(name), stats):
+            if xs:
+                want[key] = _numpy_statistic(stat, np.array(xs), ddof)
+    got = m.compute()
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9, nan_ok=True), key
+
+
 @needs_torch
 def test_ddof_one_is_torchs_default() -> None:
     import torch
