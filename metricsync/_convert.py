@@ -193,6 +193,27 @@ def host_scalar(name: str, t: Any) -> float:
         return float(host_values(name, t)[0])
 
 
+def opening_number(name: str, value: object, tensor: type | None) -> float | None:
+    """The number of a record that may open ``name``'s number buffer directly (the first
+    record of a name, unweighted, unmasked): a Python or numpy number, or a 0-d CPU
+    tensor (class ``tensor``) while CPU tensors are host data; None for anything else,
+    a number too big for a float included (the general path names what is wrong).
+
+    >>> opening_number("x", 3, None), opening_number("x", [3.0], None), opening_number("x", 10**400, None)
+    (3.0, None, None)
+    """
+    cls = value.__class__
+    if cls is float or cls is int or cls is np.float64:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except OverflowError:
+            return None
+    if cls is not tensor or "cpu" not in HOST_DEVICE_TYPES:
+        return None
+    t: Any = value
+    return host_scalar(name, t) if t.is_cpu and not t.ndim else None
+
+
 def host_values(name: str, value: object) -> np.ndarray:
     """Flat real samples from a host value (a view where possible, in its own dtype: the
     caller converts and copies what it keeps); ``TypeError`` naming the metric otherwise."""

@@ -107,33 +107,31 @@ class Store:
 
     # -------------------------------------------------------------- recording
 
-    def prepare(self, name: Any, value: Any, weight: Any, mask: Any) -> Callable[[], None]:
+    def prepare(self, name: Any, value: Any, weight: Any, mask: Any) -> Callable[[], object]:
         """Check and convert one record; the function returned applies it. Everything that
         can be wrong with the input raises here, naming the metric: applying cannot fail."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
+        with self.lock:
+            spec = self.spec(name)
         cls = value.__class__
-        if weight is None and mask is None and (cls is float or cls is int or cls is np.float64):
-            with self.lock:
-                spec = self.spec(name)
-            if spec.nan != "error":  # a name's first number: open its buffer and append
-                try:
-                    number = float(value)
-                except OverflowError:
-                    raise ValueError(
-                        f"metric {name!r}: {value!r:.40} does not fit in a float64"
-                    ) from None
-                return partial(self._apply_number, name, spec, number)
+        plain = weight is None and mask is None
+        if plain and (cls is float or cls is int or cls is np.float64) and spec.nan != "error":
+            try:  # opens the name's number buffer
+                return partial(self.add_number, name, float(value), spec)
+            except OverflowError:
+                raise ValueError(
+                    f"metric {name!r}: {value!r:.40} does not fit in a float64"
+                ) from None
         tensor = as_torch(value)
         if tensor is not None:
             host = _convert.HOST_DEVICE_TYPES
             if not (tensor.is_cpu and "cpu" in host) and tensor.device.type not in host:
-                return self._prepare_device(name, tensor, weight, mask)
-            if weight is None and mask is None and tensor.dim() == 0:
+                inputs = device_inputs(name, tensor, weight, mask)
+                return partial(self._apply_device, name, spec, tensor, *inputs)
+            if plain and tensor.dim() == 0:
                 return self.prepare(name, host_scalar(name, tensor), None, None)
             value = tensor
-        with self.lock:
-            spec = self.spec(name)
         values, w = host_record(name, value, weight, mask, spec.nan == "error")
         return partial(self._apply_host, name, spec, values, w)
 
@@ -201,23 +199,28 @@ class Store:
                 self.pending.add(self.table.index[name], kept, None, al.now_us())
         return True
 
-    def _apply_number(self, name: str, spec: Spec, number: float) -> None:
+    def add_number(self, name: str, number: float, spec: Spec | None = None) -> bool:
+        """Record ``number`` under ``name`` with ``spec`` (``prepare``'s), or without one
+        with the spec ``name`` has: then False, recording nothing, where that spec refuses
+        NaN (``prepare`` checks the number). The name's number buffer opens."""
         with self.lock:
+            if spec is None:
+                spec = self.spec(name)
+                if spec.nan == "error":
+                    return False
             self._changes += 1
             slot = self.table.slot(name, spec)
             self.pending.open(name, spec)  # the name's later numbers take the fast path
             buf = self.pending.fast.get(name)
             if buf is not None:  # this one too: one run with them
                 buf.append(number)
-                return self.flush() if len(buf) >= FAST_LIMIT else None
+                if len(buf) >= FAST_LIMIT:
+                    self.flush()
+                return True
             if not self.pending.fits(1):
                 self.flush()
             self.pending.add(slot, np.array([number]), None, al.now_us())
-
-    def _prepare_device(self, name: str, x: Any, weight: Any, mask: Any) -> Callable[[], None]:
-        with self.lock:
-            spec = self.spec(name)
-        return partial(self._apply_device, name, spec, x, *device_inputs(name, x, weight, mask))
+        return True
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:

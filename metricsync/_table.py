@@ -132,7 +132,8 @@ class StateTable:
         slot = self.index.get(name)
         if slot is not None:
             return slot
-        self._unshare()
+        if self._shared:
+            self._unshare()
         slot = len(self.names)
         if slot == self.cols.shape[1]:
             self.cols = np.concatenate([self.cols, identity(slot)], axis=1)
@@ -148,15 +149,16 @@ class StateTable:
         self._unshare()
         spec = self.specs[slot] = canonical(spec)
         self.cols[:, slot] = IDENTITY
+        self.sketches.pop(slot, None)
+        self.aggs.pop(slot, None)
         self._configure(slot, spec)
 
     def _configure(self, slot: int, spec: Spec) -> None:
+        """A new slot's, or a respecified one's, token, plan and parts (it has none)."""
         self._plan = None
         self.token = slot_token(self.token, slot, self.names[slot], spec)
-        self.sketches.pop(slot, None)
         if spec.needs_sketch:
             self.sketches[slot] = np.zeros(sketch_layout(spec.accuracy).n_cells)
-        self.aggs.pop(slot, None)
         if spec.across != "exact":
             self.aggs[slot] = empty_aggregate(len(spec.reduce))
 

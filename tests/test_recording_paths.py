@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
+from metricsync._store import Store
 
 torch = pytest.importorskip("torch")
 
@@ -365,3 +366,59 @@ def test_a_list_of_python_numbers_is_taken_alike_first_and_later(value: Any) -> 
         return
     assert first == pytest.approx(np.mean(floats), rel=1e-12)
     assert later == pytest.approx(np.mean([1.0, *floats]), rel=1e-12)
+
+
+_FIRST_VALUES = {
+    "float": 2.5,
+    "int": -3,
+    "np.float64": np.float64(0.25),
+    "nan": math.nan,
+    "int beyond float64": 2**1100,
+    "bool": True,
+    "0-d float32": torch.tensor(1.5),
+    "0-d int8": torch.tensor(-7, dtype=torch.int8),
+    "0-d bfloat16": torch.tensor(0.5, dtype=torch.bfloat16),
+    "0-d bool": torch.tensor(True),
+    "0-d in a graph": torch.tensor(4.0, requires_grad=True) * 2,
+    "0-d complex": torch.tensor(1 + 0j),
+    "1-d": torch.tensor([1.0]),
+}
+
+
+@pytest.mark.parametrize("value", _FIRST_VALUES.values(), ids=_FIRST_VALUES.keys())
+@pytest.mark.parametrize(
+    "spec", [ms.Spec(("mean", "min")), ms.Spec("last"), ms.Spec("max", nan="error")], ids=str
+)
+def test_a_names_first_number_opens_it_as_the_checked_path_would(
+    value: Any, spec: ms.Spec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``record`` opens a name with its first Python number or 0-d CPU tensor without the
+    checked path (``update`` always takes it): the same results and state (bytes for
+    bytes where no time is kept), or the same error naming the metric, nothing recorded."""
+
+    def outcome(record: Any) -> Any:
+        m = ms.Metrics({"x": spec, "y": ms.Spec()})
+        m.record("y", torch.tensor(1.0))  # another name is open (and tensors are known)
+        try:
+            record(m)
+        except (TypeError, ValueError) as exc:
+            assert "'x'" in str(exc) and m.compute() == {"y": 1.0}
+            return type(exc), str(exc)
+        m.record("x", 8.0)  # the name's later numbers join its buffer
+        stamped = "last" in spec.reduce  # its bytes hold the records' times
+        return str(m.compute()), m.names, None if stamped else m.to_bytes()  # NaN alike
+
+    checked = outcome(lambda m: m.update({"x": value}))
+    calls = []
+    original = Store.prepare
+
+    def counted(self: Store, *args: Any) -> Any:
+        calls.append(args[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(Store, "prepare", counted)
+    assert outcome(lambda m: m.record("x", value)) == checked
+    if isinstance(checked[0], type):
+        return  # the same error, whichever path raised it
+    number = type(value) in (float, int, np.float64) or getattr(value, "ndim", None) == 0
+    assert ("x" not in calls) == (number and spec.nan != "error"), calls
