@@ -181,8 +181,8 @@ class Metrics:
             except (KeyError, TypeError, OverflowError):
                 pass
         if weight is None and mask is None and name.__class__ is str and name not in self._fast:
-            number = _convert.opening_number(name, value, _TENSOR[0])  # a name's first number
-            if number is not None and name and self._store.add_number(name, number):
+            number = _convert.opening_number(name, value, _TENSOR[0]) if name else None
+            if number is not None and self._store.add_number(name, number):  # a first number
                 return
         self._store.prepare(name, value, weight, mask)()
         if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):

@@ -422,3 +422,13 @@ def test_a_names_first_number_opens_it_as_the_checked_path_would(
         return  # the same error, whichever path raised it
     number = type(value) in (float, int, np.float64) or getattr(value, "ndim", None) == 0
     assert ("x" not in calls) == (number and spec.nan != "error"), calls
+
+
+@pytest.mark.parametrize("value", _FIRST_VALUES.values(), ids=_FIRST_VALUES.keys())
+def test_an_empty_name_is_refused_before_its_value_is_read(value: Any) -> None:
+    m = ms.Metrics()
+    m.record("y", torch.tensor(1.0))  # tensors are known: a 0-d one could open a name
+    for record in (lambda: m.record("", value), lambda: m.update({"": value})):
+        with pytest.raises(TypeError, match="a metric name must be a non-empty string"):
+            record()
+    assert m.compute() == {"y": 1.0}
