@@ -393,6 +393,14 @@ def _calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int]:
     return calls
 
 
+def _empty_merge_memories(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What merges keep per pair of tokens, empty for the test: a check of the second merge
+    must not meet a memory that earlier tests' merges brought to its bound, where it starts
+    over and forgets the first merge's pairs."""
+    monkeypatch.setattr("metricsync._store._AGREED", {})
+    monkeypatch.setattr("metricsync._table._SLOTS", {})
+
+
 def test_a_pair_merged_again_is_checked_from_what_agreed_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -413,6 +421,7 @@ def test_a_pair_merged_again_is_checked_from_what_agreed_before(
             m.record(f"odd/{rank}", 1.0)
         return m
 
+    _empty_merge_memories(monkeypatch)
     lookups = _calls(monkeypatch, SpecTable, "explicit")
     got = []
     for _ in range(2):
@@ -448,6 +457,7 @@ def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.Monkey
     want = {f"loss/{i}": float(np.mean([i * r for r in range(4)])) for i in range(5)}
     want |= {"t/step": 0.4, "odd/1": 1.0, "odd/3": 3.0}
     want["g"] = float(np.mean([np.mean([1.0, 2.0 * r]) for r in range(4)]))
+    _empty_merge_memories(monkeypatch)
     lookups = _calls(monkeypatch, StateTable, "slots_of")
     seen = []
     for _ in range(2):
