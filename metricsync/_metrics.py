@@ -180,9 +180,10 @@ class Metrics:
                     return
             except (KeyError, TypeError, OverflowError):
                 pass
-        if weight is None and mask is None and name.__class__ is str and name not in self._fast:
+        opening = name.__class__ is str and name not in self._store.table.index
+        if opening and weight is None and mask is None:  # a name's first record
             number = _convert.opening_number(name, value, _TENSOR[0]) if name else None
-            if number is not None and self._store.add_number(name, number):  # a first number
+            if number is not None and self._store.add_number(name, number):
                 return
         self._store.prepare(name, value, weight, mask)()
         if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):

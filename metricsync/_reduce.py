@@ -65,12 +65,13 @@ def pack_index(n: int, layout: Layout, where: np.ndarray) -> tuple[np.ndarray, .
     carried value, its state column and slot (slot 0 where the table has none); the
     packed positions the table has no slot for, with their columns' identities; and
     the packed positions of the rank columns, with whether the table lacks each slot."""
-    rows = np.repeat(np.arange(al.NCOL_ALL), [len(at) for at in layout.carried])
+    counts = [len(at) for at in layout.carried]
+    rows = np.repeat(np.arange(al.NCOL_ALL), counts)
     slots = np.concatenate([where[at] for at in layout.carried]).astype(np.intp)
     absent = slots == n
     slots[absent] = 0  # a table always has room for a slot (its state is never 0 wide)
     missing = np.flatnonzero(absent)
-    sizes = np.cumsum([0] + [len(at) for at in layout.carried])
+    sizes = np.cumsum([0, *counts])
     rank_at = np.r_[
         sizes[al.MAXRANK] : sizes[al.MAXRANK + 1], sizes[al.MINRANK] : sizes[al.MINRANK + 1]
     ].astype(np.intp)
