@@ -222,11 +222,15 @@ def _last(ta: Any, tb: Any, la: Any, lb: Any, xp: Any) -> Any:
 
 def _m2(wa: Any, wb: Any, sa: Any, sb: Any, m2a: Any, m2b: Any, xp: Any) -> Any:
     """Chan's parallel formula: ``M2`` of two sides from their weights and sums."""
-    total = wa + wb
-    both = (wa > 0) & (wb > 0)
-    delta = sb / xp.where(wb > 0, wb, 1.0) - sa / xp.where(wa > 0, wa, 1.0)
-    correction = xp.where(both, wa * wb / xp.where(total > 0, total, 1.0) * delta * delta, 0.0)
-    return m2a + m2b + correction
+    return m2a + m2b + _chan_correction(wa, wb, sa, sb, xp)
+
+
+def _chan_correction(wa: Any, wb: Any, sa: Any, sb: Any, xp: Any) -> Any:
+    """What merging two sides adds to the sum of their ``M2`` (Chan's correction): 0.0
+    unless both sides hold weight. Where one does not, the quotients divide by zero
+    and are thrown away, so a NumPy caller silences that in ``errstate``."""
+    delta = sb / wb - sa / wa
+    return xp.where((wa > 0) & (wb > 0), wa * wb / (wa + wb) * delta * delta, 0.0)
 
 
 def _merge(a: Any, b: Any, xp: Any) -> Any:
@@ -274,24 +278,68 @@ class Packed:
 def merge_packed(rows: np.ndarray, packed: Packed) -> np.ndarray:
     """Merge packed states (the rows of ``rows``, in order) into one packed state: bit
     for bit the carried values :func:`merge` gives, folding the rows left to right,
-    with each rule evaluated only where a position carries its column."""
+    with each rule evaluated only where a position carries its column.
+
+    The sums and ``M2`` fold rank by rank (``M2`` reads the sums to its left). The MAX
+    columns take one maximum over every rank; the rules that read them (``last``,
+    the ranks) read running maxima, so neither waits for the other.
+    """
     out = rows[0].copy()
     span = packed.span
-    sums = slice(span[W].start, span[S].stop), span[DROP]  # the SUM columns: W, S, DROP
     tops = slice(span[MAX].start, span[T].stop)  # the MAX columns: MAX, NEGMIN, T
     with np.errstate(all="ignore"):  # NaN and inf samples are data here
+        if packed.rank_of is not None:
+            for col, at in zip((MAXRANK, MINRANK), packed.rank_of):
+                out[span[col]] = _fold_ranks(rows[:, at], rows[:, span[col]])
+        if packed.last_t is not None:
+            out[span[LAST]] = _fold_last(rows[:, packed.last_t], rows[:, span[LAST]])
         for b in rows[1:]:
-            # the rules that read other columns first, while ``out`` holds the left side
-            if packed.rank_of is not None:
-                for col, at in zip((MAXRANK, MINRANK), packed.rank_of):
-                    out[span[col]] = _rank_of(out[at], b[at], out[span[col]], b[span[col]], np)
-            if packed.last_t is not None:
-                t, last = packed.last_t, span[LAST]
-                out[last] = _last(out[t], b[t], out[last], b[last], np)
-            if packed.m2_ws is not None:
+            if packed.m2_ws is not None:  # first, while ``out`` holds the left side's sums
                 (w, s), m2 = packed.m2_ws, span[M2]
                 out[m2] = _m2(out[w], b[w], out[s], b[s], out[m2], b[m2], np)
-            for part in sums:
+            for part in slice(span[W].start, span[S].stop), span[DROP]:  # the SUM columns
                 out[part] += b[part]
-            out[tops] = _top(out[tops], b[tops], np)
+        if len(rows) > 1:
+            out[tops] = _running_top(rows[:, tops], running=False)
     return out
+
+
+def _running_top(x: np.ndarray, running: bool = True) -> np.ndarray:
+    """:func:`_top` folded down the rows of ``x``: row ``j`` holds the fold of rows
+    0..j (with ``running``), else the one row of the fold of them all. The maximum
+    alone gives every value but a zero's sign, which is -0.0 only where every value
+    folded in has its sign bit set."""
+    if running:
+        top, negative = _running(np.maximum, x), _running(np.logical_and, np.signbit(x))
+    else:
+        top, negative = np.maximum.reduce(x, axis=0), np.signbit(x).all(axis=0)
+    return np.where(top == 0, np.where(negative, -0.0, 0.0), top)
+
+
+def _fold_last(times: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The ``last`` column folded down the rows (:func:`_last` at each step, left to
+    right), beside the running top of the times."""
+    before = _running_top(times)
+    last = values[0]
+    for j in range(1, len(values)):
+        last = _last(before[j - 1], times[j], last, values[j], np)
+    return last
+
+
+def _running(op: np.ufunc, x: np.ndarray) -> np.ndarray:
+    """``op`` folded down the rows of ``x``, left to right: row ``j`` holds the fold of
+    rows 0..j (``op.accumulate`` does the same, much slower down the first axis)."""
+    out = x.copy()
+    for j in range(1, len(x)):
+        op(out[j - 1], x[j], out=out[j])
+    return out
+
+
+def _fold_ranks(values: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The rank column folded down the rows (:func:`_rank_of` at each step, left to
+    right), beside the running top of ``values``."""
+    before = _running_top(values)
+    rank = ranks[0]
+    for j in range(1, len(values)):
+        rank = _rank_of(before[j - 1], values[j], rank, ranks[j], np)
+    return rank
