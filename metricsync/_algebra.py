@@ -37,6 +37,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -112,6 +113,7 @@ IDENTITY = np.array([c.identity for c in COLUMNS])
 #: the MAX columns (MAX, NEGMIN, T) are adjacent: a slice views them, where an index list
 #: would be copied to the device first (a host synchronization on CUDA)
 _MAX = slice(MAX, T + 1)
+ALL_COLUMNS = frozenset(range(NCOL_ALL))  #: every column (see :func:`merge`)
 
 _last_stamp = 0
 
@@ -185,15 +187,18 @@ def spec_kinds(specs: Sequence[Spec]) -> tuple[np.ndarray, list[Spec]]:
     return ids, list(distinct)
 
 
-def merge(a: Any, b: Any, xp: Any) -> Any:
+def merge(a: Any, b: Any, xp: Any, carried: AbstractSet[int] = ALL_COLUMNS) -> Any:
     """Merge two column-first state arrays elementwise; ``xp`` is ``numpy`` or ``torch``.
 
     Associative and commutative (``last`` and the ranks by a total order).
+    ``carried``: the columns some metric of ``a`` or ``b`` carries (see
+    :func:`needed_columns`). A column none carries holds its identity on both sides
+    (a fold sets it back), which the sum of the two keeps: its rule is skipped.
     """
     if xp is np:
         with np.errstate(all="ignore"):  # NaN and inf samples are data here
-            return _merge(a, b, xp)
-    return _merge(a, b, xp)
+            return _merge(a, b, xp, carried)
+    return _merge(a, b, xp, carried)
 
 
 def _greater(x: Any, y: Any, xp: Any) -> Any:
@@ -233,12 +238,15 @@ def _chan_correction(wa: Any, wb: Any, sa: Any, sb: Any, xp: Any) -> Any:
     return xp.where((wa > 0) & (wb > 0), wa * wb / (wa + wb) * delta * delta, 0.0)
 
 
-def _merge(a: Any, b: Any, xp: Any) -> Any:
-    out = a + b  # the SUM columns; every other column is overwritten below
-    out[_MAX] = _top(a[_MAX], b[_MAX], xp)
-    out[LAST] = _last(a[T], b[T], a[LAST], b[LAST], xp)
-    out[M2] = _m2(a[W], b[W], a[S], b[S], a[M2], b[M2], xp)
-    return _ranks(a, b, out, xp)
+def _merge(a: Any, b: Any, xp: Any, carried: AbstractSet[int]) -> Any:
+    out = a + b  # the SUM columns; every other column carried is overwritten below
+    if not carried.isdisjoint((MAX, NEGMIN, T)):
+        out[_MAX] = _top(a[_MAX], b[_MAX], xp)
+    if LAST in carried:
+        out[LAST] = _last(a[T], b[T], a[LAST], b[LAST], xp)
+    if M2 in carried:
+        out[M2] = _m2(a[W], b[W], a[S], b[S], a[M2], b[M2], xp)
+    return _ranks(a, b, out, xp) if MAXRANK in carried else out
 
 
 def _ranks(a: Any, b: Any, out: Any, xp: Any) -> Any:

@@ -29,6 +29,7 @@ import numpy as np
 from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
 from ._errors import SpecMismatchError
+from ._fold import spec_info
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
@@ -197,7 +198,8 @@ class StateTable:
         if self._blank:  # nothing merged since the start or a reset: the merge is ``cols``
             self.cols[:, idx] = cols
         else:
-            self.cols[:, idx] = merge(self.cols[:, idx], cols, np)
+            carried = spec_info(self.specs, self.token).need  # a dict hit: folds ask it too
+            self.cols[:, idx] = merge(self.cols[:, idx], cols, np, carried)
         self._blank = False
 
     def add_cells(self, slot: int, cells: np.ndarray, counts: np.ndarray) -> None:

@@ -1,5 +1,7 @@
 """A sync merges every rank's packed state column by column (``merge_packed``): the
-oracle is the pairwise merge of the whole unpacked states, folded in rank order."""
+oracle is the pairwise merge of the whole unpacked states, folded in rank order. A
+table's merge skips the rules of the columns none of its metrics carries: the oracle
+is the merge that runs every rule, in the columns some metric carries."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 import metricsync as ms
 from metricsync import _algebra as al
+from metricsync._fold import spec_info
 from metricsync._layout import Layout
 
 SPECS = [
@@ -104,3 +107,46 @@ def test_merging_a_range_of_slots_equals_merging_them_one_gather_at_a_time() -> 
         got = table.compute()
         assert np.allclose([got[f"m{i:04d}/mean"] for i in range(k)], pooled.mean(1))
         assert [got[f"m{i:04d}/max"] for i in range(k)] == pooled.max(1).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(range(len(SPECS))),
+            st.lists(st.sampled_from(VALUES), min_size=1, max_size=4),
+            st.lists(st.sampled_from(VALUES), min_size=1, max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_merge_skips_only_the_rules_of_columns_no_metric_carries(
+    metrics: list[tuple[int, list[float], list[float]]],
+) -> None:
+    specs = {f"m{i}": SPECS[kind] for i, (kind, _, _) in enumerate(metrics)}
+    a, b = ms.Metrics(specs), ms.Metrics(specs)
+    for name, (_, xs, ys) in zip(specs, metrics):
+        for side, values in ((a, xs), (b, ys)):
+            for value in values:
+                side.record(name, value)
+    left, right = a._store.folded(), b._store.folded()
+    assert left.names == right.names
+    carried = spec_info(left.specs, left.token).need
+    # a column no metric carries holds its identity on both sides and in their merge (the
+    # rule a full merge runs may fill it: M2 from the weights and sums of means)
+    others = sorted(set(range(al.NCOL_ALL)) - carried)
+    got = al.merge(left.state, right.state, np, carried)
+    for state in (left.state, right.state, got):
+        assert _bits_equal(state[others], al.identity(len(left))[others])
+    used = sorted(carried)
+    assert _bits_equal(got[used], al.merge(left.state, right.state, np)[used])
+
+
+def test_a_merge_of_means_runs_no_rule_beyond_the_sums() -> None:
+    # the skip is real: a table of means carries neither extremes, nor last, nor M2
+    m = ms.Metrics({"x": ms.Spec("mean")})
+    m.record("x", 2.0)
+    assert spec_info(m._store.folded().specs, m._store.folded().token).need == {al.W, al.S}
+    merged = ms.merge([m, m, m]).compute()
+    assert merged == {"x": 2.0}
