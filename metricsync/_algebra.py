@@ -217,7 +217,10 @@ def _top(ma: Any, mb: Any, xp: Any) -> Any:
     """The larger of each pair: NaN wins, as in maximum; of 0.0 and -0.0, 0.0 (so that
     merges commute)."""
     top = xp.maximum(ma, mb)
-    return xp.where(top == 0, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
+    zero = top == 0
+    if xp is np and not zero.any():  # no zero to sign (a check a device would wait on)
+        return top
+    return xp.where(zero, xp.where(xp.signbit(ma) & xp.signbit(mb), -0.0, 0.0), top)
 
 
 def _last(ta: Any, tb: Any, la: Any, lb: Any, xp: Any) -> Any:

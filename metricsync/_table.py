@@ -229,19 +229,19 @@ class StateTable:
             self._take_names_of(other)
         at = self._slots_for(other)
         mine = at.tolist()
-        across = other.plan().across
-        exact = np.ones(len(mine), dtype=bool)
-        exact[across] = False
-        if len(across) < len(mine):
-            if across:
-                self.merge_state(at[exact], other.state[:, exact])
-            else:
-                self.merge_state(at, other.state)
+        across, exact = other.plan().across, None
+        if across:
+            exact = np.ones(len(mine), dtype=bool)
+            exact[across] = False
+        if exact is None:
+            self.merge_state(at, other.state)
+        elif exact.any():
+            self.merge_state(at[exact], other.state[:, exact])
+        with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
             for t, cells in other.sketches.items():
-                if exact[t]:
-                    with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
-                        self.sketches[mine[t]] += cells
-        if not across:
+                if exact is None or exact[t]:
+                    self.sketches[mine[t]] += cells
+        if exact is None:
             return
         own = other.own_values()
         for t in across:

@@ -620,6 +620,19 @@ def test_merge_edge_cases() -> None:
         ms.merge([m, 3])  # type: ignore[list-item]
 
 
+def test_a_merge_keeps_an_across_metrics_sketch_to_its_own_samples() -> None:
+    # the other side counts as one rank: its samples must not reach this side's sketch,
+    # or this side's own median (one of the two ranks averaged) would move
+    spec = ms.Spec(("p50", "mean"), across="mean")
+    a, b = ms.Metrics({"x": spec}), ms.Metrics({"x": spec})
+    a.record("x", [1.0, 2.0, 3.0, 4.0, 5.0])
+    b.record("x", [1.0] * 9)
+    for merged in (a.copy().merge(b), ms.merge([a, b])):
+        got = merged.compute()
+        assert got["x/mean"] == np.mean([np.mean([1, 2, 3, 4, 5]), 1.0])
+        assert got["x/p50"] == pytest.approx(np.mean([np.median([1, 2, 3, 4, 5]), 1.0]), rel=0.02)
+
+
 def test_merge_result_is_independent_of_its_inputs() -> None:
     a, b = ms.Metrics(), ms.Metrics()
     a.record("x", 1.0)
