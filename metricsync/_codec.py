@@ -56,13 +56,13 @@ from typing import Any
 import numpy as np
 
 from . import _algebra as al
-from ._across import ACOL
+from ._codec_read import Shape, body_bytes, new_shape, read_body
 from ._errors import CodecError, MetricsyncError
 from ._rules import SpecTable
-from ._sketch import held_span, sketch_layout
+from ._sketch import held_span
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import remember, token_of
+from ._tokens import remember
 
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
@@ -158,16 +158,8 @@ def _new_head(rules: SpecTable, table: StateTable) -> _Head:
     if ranked:
         header["ranks"] = ranked
     text_bytes = json.dumps(header, separators=(",", ":")).encode()
-    fixed, dense = _body_bytes(len(specs), header["sketch"], header["agg"], ranked)
+    fixed, dense = body_bytes(len(specs), header["sketch"], header["agg"], ranked)
     return _Head(text_bytes, sketched, aggregated, ranked, fixed, dense)
-
-
-def _body_bytes(
-    n: int, sketches: list[list[int]], aggs: list[list[int]], ranked: list[int]
-) -> tuple[int, int]:
-    """A body's bytes besides the sketches and their windows, and of the whole sketches."""
-    fixed = n * al.NCOL + sum(ACOL * rows for _, rows in aggs) + 2 * len(ranked)
-    return 8 * fixed, 8 * sum(cells for _, cells in sketches)
 
 
 def _declarable(size: int) -> int:
@@ -206,12 +198,12 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         text = data[_HEAD.size : _HEAD.size + head_len]
         shape = known = _SHAPES.get(text)
         if shape is None:
-            shape = _new_shape(json.loads(text.decode("utf-8")))
+            shape = new_shape(json.loads(text.decode("utf-8")))
         if shape.dense > _declarable(len(data)):
             raise CodecError(
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
-        table = _read(shape, view[_HEAD.size + head_len : -_CRC.size], windowed=version > 1)
+        table = read_body(shape, view[_HEAD.size + head_len : -_CRC.size], windowed=version > 1)
         if known is None:  # kept once a blob of it decoded, and only up to a size
             _keep(_SHAPES, text, shape, len(text))
         return shape.rules.copy(), table
@@ -230,42 +222,9 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         raise CodecError(f"malformed metricsync blob: {exc}") from None
 
 
-def _pairs(header: dict[str, Any], key: str, kinds: tuple[type, type]) -> list[Any]:
-    items = header.get(key)
-    if not isinstance(items, list):
-        raise CodecError(f"header field {key!r} must be a list")
-    for item in items:
-        if not (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[0], kinds[0])
-            and isinstance(item[1], kinds[1])
-            and not isinstance(item[0], bool)
-            and not isinstance(item[1], bool)
-        ):
-            raise CodecError(f"header field {key!r} holds a malformed entry")
-    return items
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """What a header says, checked: rules, names, specs, and the parts the body holds."""
-
-    rules: SpecTable  # handed out as copies
-    names: list[str]  # shared by the tables decoded from this header (copied on change)
-    specs: list[Spec]
-    index: dict[str, int]
-    token: object
-    sketches: list[tuple[int, int]]  # (slot, cells)
-    aggs: list[tuple[int, int]]  # (slot, rows)
-    ranked: list[int]
-    fixed: int  # bytes of the body besides the sketches and their windows
-    dense: int  # bytes of the whole sketches
-
-
 #: header bytes -> their checked shape: a single controller decodes its workers'
 #: results every step, and each worker's header is the same each time
-_SHAPES: dict[bytes, _Shape] = {}
+_SHAPES: dict[bytes, Shape] = {}
 _KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the decoder
 
 
@@ -273,128 +232,3 @@ def _keep(kept: dict[Any, Any], key: Any, value: Any, size: int) -> None:
     """Keep ``value`` under ``key`` (the latest few, headers of at most 1 MiB)."""
     if size <= _KEPT_BYTES:
         remember(kept, key, value, _KEPT)
-
-
-def _new_shape(header: Any) -> _Shape:
-    if not isinstance(header, dict):
-        raise CodecError("header must be a JSON object")
-    rules = _pairs(header, "rules", (str, str))
-    slots = _pairs(header, "slots", (str, str))
-    sketches = _pairs(header, "sketch", (int, int))
-    aggs = _pairs(header, "agg", (int, int))
-    ranked = header.get("ranks", [])
-    if not isinstance(ranked, list) or not all(type(s) is int for s in ranked):
-        raise CodecError("header field 'ranks' must be a list of slots")
-    specs: dict[str, Spec] = {}
-    table_rules = SpecTable()
-    try:
-        table_rules.add_all([(key, _spec_of(text, specs)) for key, text in rules])
-    except (TypeError, ValueError) as exc:
-        raise CodecError(f"malformed rules: {exc}") from None
-    slot_specs = [_spec_of(text, specs) for _, text in slots]
-    n = len(slots)
-    names = [name for name, _ in slots]
-    if len(set(names)) != n or not all(names):
-        raise CodecError("empty or repeated metric name")
-    if [slot for slot, _ in sketches] != [s for s, sp in enumerate(slot_specs) if sp.needs_sketch]:
-        raise CodecError("sketch entries do not match the quantile metrics")
-    for slot, size in sketches:
-        if size != sketch_layout(slot_specs[slot].accuracy).n_cells:
-            raise CodecError(f"sketch of metric {names[slot]!r} has {size} cells")
-    if [slot for slot, _ in aggs] != [s for s, sp in enumerate(slot_specs) if sp.across != "exact"]:
-        raise CodecError("aggregate entries do not match the across metrics")
-    for slot, count in aggs:
-        if count != len(slot_specs[slot].reduce):
-            raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
-    if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
-        raise CodecError("rank entries do not match the argrank metrics")
-    fixed, dense = _body_bytes(n, sketches, aggs, ranked)
-    # the token of the tables of these names and specs: merging decoded results (a single
-    # controller's workers, every step) finds what earlier merges of them worked out
-    token = token_of(names, slot_specs)
-    index = {name: slot for slot, name in enumerate(names)}
-    return _Shape(
-        table_rules, names, slot_specs, index, token, sketches, aggs, ranked, fixed, dense
-    )
-
-
-def _read(shape: _Shape, body: memoryview, windowed: bool) -> StateTable:
-    """The table a body of ``shape`` holds; checked before any state is allocated."""
-    n = len(shape.names)
-    offset = n * al.NCOL * 8  # the state rows, then the windows (version 2), then cells
-    if windowed:
-        windows = _windows(shape, body, offset)
-        offset += 16 * len(windows)
-        need = shape.fixed + 16 * len(windows) + 8 * sum(count for _, count in windows)
-    else:
-        windows, need = None, shape.fixed + shape.dense
-    if need != len(body):
-        raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
-    cols = al.identity(n)
-    cols[: al.NCOL] = np.frombuffer(body[: n * al.NCOL * 8], dtype="<f8").reshape(n, al.NCOL).T
-    cells: dict[int, np.ndarray] = {}
-    sent: dict[int, np.ndarray] = {}  # the cells the body holds (the rest are zero)
-    for i, (slot, size) in enumerate(shape.sketches):
-        start, count = (0, size) if windows is None else windows[i]
-        whole = cells[slot] = np.zeros(size)
-        whole[start : start + count] = sent[slot] = _take(body, offset, count)
-        offset += count * 8
-    agg_of: dict[int, np.ndarray] = {}
-    for slot, count in shape.aggs:
-        agg_of[slot] = _take(body, offset, count * ACOL).reshape(count, ACOL).copy()
-        offset += count * ACOL * 8
-    if ranked := shape.ranked:
-        cols[al.MAXRANK :, ranked] = _take(body, offset, 2 * len(ranked)).reshape(-1, 2).T
-    parts = (shape.names, shape.specs, cols, cells, agg_of)
-    table = StateTable.from_parts(*parts, index=shape.index, complete=True, token=shape.token)
-    _check_counts(table, sent)
-    return table
-
-
-def _windows(shape: _Shape, body: memoryview, offset: int) -> list[tuple[int, int]]:
-    """The ``(start, count)`` window of each sketch, within its cells (as Python floats)."""
-    raw = _take(body, offset, 2 * len(shape.sketches)).tolist()
-    out = []
-    for (slot, size), start, count in zip(shape.sketches, raw[::2], raw[1::2]):
-        whole = start.is_integer() and count.is_integer()  # not NaN, inf or a fraction
-        if not (whole and count >= 0 and 0 <= start <= size - count):
-            name = shape.names[slot]
-            raise CodecError(f"the sketch window of metric {name!r} is not within its cells")
-        out.append((int(start), int(count)))
-    return out
-
-
-def _spec_of(text: str, cache: dict[str, Spec]) -> Spec:
-    """The spec a header text describes (parsed once per distinct text)."""
-    spec = cache.get(text)
-    if spec is None:  # Spec bounds its statistics and format widths before using them
-        spec = cache[text] = Spec.from_json(text)
-    return spec
-
-
-def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
-    """Reject states no record or merge can produce (see the module docstring);
-    ``cells_sent``: the sketch cells the body held, per slot."""
-    state = table.state
-    bad = ~(state[al.W] >= 0) | ~(state[al.DROP] >= 0) | ~np.isfinite(state[al.DROP])
-    bad |= np.isnan(state[al.T])
-    for slot, cells in cells_sent.items():
-        bad[slot] |= not bool((cells >= 0).all())
-    for slot, agg in table.aggs.items():
-        ranks = agg[:, 1]
-        bad[slot] |= not bool(
-            (np.isfinite(ranks) & (ranks >= 0) & (ranks == np.floor(ranks))).all()
-        )
-    if bad.any():
-        name = table.names[int(np.argmax(bad))]
-        raise CodecError(
-            f"metric {name!r} holds a negative, NaN or fractional count; no record or merge "
-            "makes that state"
-        )
-
-
-def _take(body: memoryview, offset: int, count: int) -> np.ndarray:
-    end = offset + count * 8
-    if count < 0 or end > len(body):
-        raise CodecError("body too short for the declared arrays")
-    return np.frombuffer(body[offset:end], dtype="<f8")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import metricsync as ms
+from metricsync import _algebra as al
 from metricsync import _codec as codec
 from metricsync.testing import format_example
 
@@ -280,6 +281,31 @@ def test_windows_outside_their_sketch_raise() -> None:
     rows[at : at + 2] = start, count + 1  # a window longer than the cells sent
     with pytest.raises(ms.CodecError, match="body holds"):
         ms.Metrics.from_bytes(_join(header, rows.tobytes()))
+
+
+def test_a_count_or_time_no_record_makes_raises_naming_its_metric() -> None:
+    """Weights, drop counts and times are checked in every slot, whichever slot holds
+    the bad value (the check answers the usual case in a few reductions first)."""
+    m = ms.Metrics({"a": ms.Spec("mean"), "b": ms.Spec("max", nan="ignore"), "c": ms.Spec("last")})
+    for name in ("a", "b", "c"):
+        m.record(name, [1.0, 2.0])
+    header, body = _split(m.to_bytes())
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    names = [name for name, _ in header["slots"]]
+    for column, bad in [
+        (al.W, -1.0),
+        (al.W, np.nan),
+        (al.DROP, -1.0),
+        (al.DROP, np.nan),
+        (al.DROP, np.inf),
+        (al.T, np.nan),
+    ]:
+        for slot, name in enumerate(names):
+            state = rows.copy()
+            state[slot * al.NCOL + column] = bad
+            with pytest.raises(ms.CodecError, match=f"'{name}' holds a negative, NaN"):
+                ms.Metrics.from_bytes(_join(header, state.tobytes()))
+    assert ms.Metrics.from_bytes(_join(header, rows.tobytes())).compute() == m.compute()
 
 
 def test_a_negative_or_nan_cell_in_a_window_raises() -> None:
