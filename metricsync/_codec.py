@@ -29,7 +29,8 @@ linear in the input's size. Anything malformed raises
 Decoded states must be ones that recording and merging can produce: weight
 sums, sketch cells and dropped-sample counts are ``>= 0`` (not NaN), the
 per-rank counts of ``across`` aggregates are non-negative integers and no
-time stamp is NaN; anything else is a ``CodecError``. Values (sums, extremes,
+time stamp is NaN; anything else is a ``CodecError``. A column no metric of the blob
+carries is then set to its identity, as folds and syncs leave it. Values (sums, extremes,
 ``last``, second moments, aggregate values) may be NaN or infinite, as
 ``nan="propagate"`` samples and float64 overflow make them; ``compute()``
 then reports NaN or infinities for them. Unknown extra header fields are

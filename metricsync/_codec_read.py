@@ -21,6 +21,7 @@ import numpy as np
 from . import _algebra as al
 from ._across import ACOL
 from ._errors import CodecError
+from ._fold import spec_info
 from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
@@ -144,6 +145,10 @@ def read_body(shape: Shape, body: memoryview, windowed: bool) -> StateTable:
     parts = (shape.names, shape.specs, cols, cells, agg_of)
     table = StateTable.from_parts(*parts, index=shape.index, complete=True, token=shape.token)
     _check_counts(table, sent)
+    # a column no metric of the table carries holds its identity, as folds and syncs leave
+    # it: a table's merge skips such a column's rule, which needs that of its inputs
+    idle = [col for col in range(al.NCOL) if col not in spec_info(shape.specs, shape.token).need]
+    cols[idle] = al.IDENTITY[idle, None]
     return table
 
 

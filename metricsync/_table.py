@@ -191,7 +191,8 @@ class StateTable:
     def merge_state(self, slots: Sequence[int] | np.ndarray, cols: np.ndarray) -> None:
         """Merge state columns ``(NCOL_ALL, len(slots))`` into ``slots`` (distinct)."""
         at = np.asarray(slots, dtype=np.intp)
-        n = len(at)
+        if not (n := len(at)):  # nothing merged: a blank table stays blank (merging copies)
+            return
         idx: np.ndarray | slice = at
         if n >= 512 and at[-1] - at[0] == n - 1 and (np.diff(at) == 1).all():
             idx = slice(int(at[0]), int(at[-1]) + 1)  # many slots of one range: no gather

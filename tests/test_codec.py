@@ -308,6 +308,24 @@ def test_a_count_or_time_no_record_makes_raises_naming_its_metric() -> None:
     assert ms.Metrics.from_bytes(_join(header, rows.tobytes())).compute() == m.compute()
 
 
+def test_a_decoded_column_its_metric_does_not_carry_holds_its_identity() -> None:
+    """A table of means carries weights and sums only: whatever a body says of extremes,
+    times or second moments is put back to their identity, as folds and syncs leave
+    them, so a merge that runs only the carried columns' rules still writes a blob that
+    decodes."""
+    m = ms.Metrics({"x": ms.Spec("mean")})
+    m.record("x", [1.0, 2.0])
+    header, body = _split(m.to_bytes())
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    rows[[al.MAX, al.T, al.M2]] = 7.0, np.inf, 5.0  # slot 0's columns a mean does not carry
+    decoded = ms.Metrics.from_bytes(_join(header, rows.tobytes()))
+    decoded.record("x", 3.0)
+    again = ms.Metrics.from_bytes(decoded.to_bytes())
+    assert again.compute() == decoded.compute() == {"x": 2.0}
+    state = np.frombuffer(_split(again.to_bytes())[1], dtype="<f8")[: al.NCOL]
+    assert state[[al.MAX, al.T, al.M2]].tolist() == [-np.inf, -np.inf, 0.0]
+
+
 def test_a_negative_or_nan_cell_in_a_window_raises() -> None:
     """The decoder checks the cells a window sent (the rest are zeros it wrote)."""
     blob = _sketch_metrics(16.0, 4096.0).to_bytes()

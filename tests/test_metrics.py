@@ -633,6 +633,19 @@ def test_a_merge_keeps_an_across_metrics_sketch_to_its_own_samples() -> None:
         assert got["x/p50"] == pytest.approx(np.mean([np.median([1, 2, 3, 4, 5]), 1.0]), rel=0.02)
 
 
+def test_merging_an_empty_metrics_keeps_the_sign_of_a_zero_sum() -> None:
+    # an empty merge merges nothing: the table's first fold still copies its state
+    for record_first in (True, False):
+        m = ms.Metrics({"x": ms.Spec(("sum", "mean"))})
+        if record_first:
+            m.record("x", -0.0)
+        m.merge(ms.Metrics())
+        if not record_first:
+            m.record("x", -0.0)
+        got = m.compute()
+        assert [math.copysign(1.0, got[k]) for k in ("x/sum", "x/mean")] == [-1.0, -1.0]
+
+
 def test_merge_result_is_independent_of_its_inputs() -> None:
     a, b = ms.Metrics(), ms.Metrics()
     a.record("x", 1.0)
