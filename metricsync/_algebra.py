@@ -288,8 +288,9 @@ class Packed:
 
 def merge_packed(rows: np.ndarray, packed: Packed) -> np.ndarray:
     """Merge packed states (the rows of ``rows``, in order) into one packed state: bit
-    for bit the carried values :func:`merge` gives, folding the rows left to right,
-    with each rule evaluated only where a position carries its column.
+    for bit the carried values :func:`merge` gives, folding the rows left to right (a
+    NaN's sign and payload aside), with each rule evaluated only where a position
+    carries its column.
 
     The sums and ``M2`` fold rank by rank (``M2`` reads the sums to its left). The MAX
     columns take one maximum over every rank; the rules that read them (``last``,
