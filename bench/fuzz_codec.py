@@ -37,7 +37,6 @@ import resource
 import struct
 import sys
 import time
-import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -47,10 +46,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import metricsync as ms
-from metricsync._codec import FORMAT_VERSION
+from metricsync._codec import FORMAT_VERSION, HEAD, frame, unframe
 from metricsync.testing import format_example
 
-HEAD = struct.Struct("<4sHHIQ")
 FAMILIES = ("random", "truncated", "mutated", "mutated+crc", "structured+crc")
 HOSTILE_FLOATS = [
     math.nan,
@@ -88,16 +86,6 @@ def seed_blobs() -> list[bytes]:
     globs.define("exact", ms.Spec("var"))
     globs.record("g1/a", 2.0)
     return [b.to_bytes() for b in (rich, small, across, quantile, globs, ms.Metrics())]
-
-
-def split(blob: bytes) -> tuple[bytes, bytes]:
-    _, _, _, head_len, _ = HEAD.unpack_from(blob)
-    return blob[HEAD.size : HEAD.size + head_len], blob[HEAD.size + head_len : -4]
-
-
-def join(head: bytes, body: bytes) -> bytes:
-    blob = HEAD.pack(b"MSYN", FORMAT_VERSION, 0, len(head), len(body)) + head + body
-    return blob + struct.pack("<I", zlib.crc32(blob))
 
 
 def byte_edits(rng: np.random.Generator, data: bytes, count: int) -> bytes:
@@ -173,7 +161,7 @@ def nodes(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 def structured(rng: np.random.Generator, blob: bytes, texts: list[str]) -> bytes:
-    head, body = split(blob)
+    head, body = unframe(blob)
     tree = json.loads(head)
     if rng.random() < 0.7:
         for _ in range(int(rng.integers(1, 4))):
@@ -200,7 +188,7 @@ def structured(rng: np.random.Generator, blob: bytes, texts: list[str]) -> bytes
         cut = 8 * int(rng.integers(-3, 4))
         raw = raw[:cut] if cut < 0 else raw + bytes(cut)
     text = re.sub(r'"@@DEEP(\d+)@@"', lambda m: "[" * int(m[1]) + "]" * int(m[1]), json.dumps(tree))
-    return join(text.encode(), bytes(raw))
+    return frame(text.encode(), bytes(raw))
 
 
 def make_input(
@@ -217,12 +205,12 @@ def make_input(
     if family == "mutated":
         return byte_edits(rng, blob, int(rng.integers(1, 9)))
     if family == "mutated+crc":
-        head, body = split(blob)
+        head, body = unframe(blob)
         if rng.random() < 0.6 or not body:
             head = byte_edits(rng, head, int(rng.integers(1, 5)))
         else:
             body = byte_edits(rng, body, int(rng.integers(1, 5)))
-        return join(head, body)
+        return frame(head, body)
     return structured(rng, blob, texts)
 
 
@@ -261,7 +249,7 @@ def run_chunk(job: tuple[int, int, int]) -> tuple[Counter[tuple[str, str]], list
     seed, chunk, count = job
     rng = np.random.default_rng([seed, chunk])
     seeds = seed_blobs()
-    texts = sorted({t for b in seeds for _, t in json.loads(split(b)[0])["slots"]})
+    texts = sorted({t for b in seeds for _, t in json.loads(unframe(b)[0])["slots"]})
     counts: Counter[tuple[str, str]] = Counter()
     failures: list[str] = []
     slowest = 0.0

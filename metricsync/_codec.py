@@ -65,15 +65,15 @@ from ._spec import Spec
 from ._table import StateTable
 from ._tokens import remember
 
-__all__ = ["FORMAT_VERSION", "decode", "encode"]
+__all__ = ["FORMAT_VERSION", "HEAD", "decode", "encode", "frame", "unframe"]
 
 MAGIC = b"MSYN"
 FORMAT_VERSION = 2
 _READS = (1, 2)  #: version 1 has no sketch windows
 _SKETCH_SLACK, _SKETCH_RATIO = 4 << 20, 32  #: whole-sketch bytes a blob may declare
-_HEAD = struct.Struct("<4sHHIQ")
+HEAD = struct.Struct("<4sHHIQ")  #: magic, version, flags, header length, body length
 _CRC = struct.Struct("<I")
-_MIN_SIZE = _HEAD.size + _CRC.size
+_MIN_SIZE = HEAD.size + _CRC.size
 
 
 def encode(rules: SpecTable, table: StateTable) -> bytes:
@@ -86,9 +86,29 @@ def encode(rules: SpecTable, table: StateTable) -> bytes:
     if head.ranked:
         rows = state[al.MAXRANK :, head.ranked]
         parts.append(np.ascontiguousarray(rows.T).astype("<f8").tobytes())
-    body = b"".join(parts)
-    blob = _HEAD.pack(MAGIC, FORMAT_VERSION, 0, len(head.text), len(body)) + head.text + body
+    return frame(head.text, b"".join(parts))
+
+
+def frame(head: bytes, body: bytes, version: int = FORMAT_VERSION, flags: int = 0) -> bytes:
+    """A blob of these header and body bytes: the fixed header with their lengths in
+    front, a CRC-32 of it all behind (tests and the fuzzer frame hostile parts with it).
+
+    >>> decode(frame(b'{"rules": [], "slots": [], "sketch": [], "agg": []}', b""))[1].names
+    []
+    """
+    blob = HEAD.pack(MAGIC, version, flags, len(head), len(body)) + head + body
     return blob + _CRC.pack(zlib.crc32(blob))
+
+
+def unframe(blob: bytes) -> tuple[bytes, bytes]:
+    """The header and body bytes of a framed blob, as its fixed header places them
+    (nothing is checked: :func:`decode` does that).
+
+    >>> unframe(frame(b"{}", b"body"))
+    (b'{}', b'body')
+    """
+    head_len = HEAD.unpack_from(blob)[3]
+    return blob[HEAD.size : HEAD.size + head_len], blob[HEAD.size + head_len : -_CRC.size]
 
 
 def _sketch_parts(head: _Head, sketches: dict[int, np.ndarray]) -> list[bytes]:
@@ -177,7 +197,7 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         raise CodecError(
             f"truncated: {len(data)} bytes, a metricsync blob has at least {_MIN_SIZE}"
         )
-    magic, version, flags, head_len, body_len = _HEAD.unpack_from(data)
+    magic, version, flags, head_len, body_len = HEAD.unpack_from(data)
     if magic != MAGIC:
         raise CodecError(f"not a metricsync blob (magic {magic!r})")
     if version not in _READS:
@@ -186,7 +206,7 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         )
     if flags != 0:
         raise CodecError(f"unknown flags {flags:#x}")
-    if _HEAD.size + head_len + body_len + _CRC.size != len(data):
+    if HEAD.size + head_len + body_len + _CRC.size != len(data):
         raise CodecError(
             f"length mismatch: header says {head_len} + {body_len} bytes, "
             f"{len(data) - _MIN_SIZE} are present"
@@ -196,7 +216,7 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
     if zlib.crc32(view[: -_CRC.size]) != crc:
         raise CodecError("checksum mismatch: the blob is corrupted")
     try:
-        text = data[_HEAD.size : _HEAD.size + head_len]
+        text = data[HEAD.size : HEAD.size + head_len]
         shape = known = _SHAPES.get(text)
         if shape is None:
             shape = new_shape(json.loads(text.decode("utf-8")))
@@ -204,7 +224,7 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
             raise CodecError(
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
-        table = read_body(shape, view[_HEAD.size + head_len : -_CRC.size], windowed=version > 1)
+        table = read_body(shape, view[HEAD.size + head_len : -_CRC.size], windowed=version > 1)
         if known is None:  # kept once a blob of it decoded, and only up to a size
             _keep(_SHAPES, text, shape, len(text))
         return shape.rules.copy(), table

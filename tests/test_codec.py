@@ -16,7 +16,7 @@ from metricsync import _algebra as al
 from metricsync import _codec as codec
 from metricsync.testing import format_example
 
-HEAD = struct.Struct("<4sHHIQ")
+HEAD = codec.HEAD
 
 
 def _rich() -> ms.Metrics:
@@ -26,22 +26,14 @@ def _rich() -> ms.Metrics:
 
 
 def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
-    _, _, _, head_len, _ = HEAD.unpack_from(blob)
-    header = json.loads(blob[HEAD.size : HEAD.size + head_len])
-    body = blob[HEAD.size + head_len : -4]
-    return header, body
-
-
-def _blob(head: bytes, body: bytes, version: int = codec.FORMAT_VERSION, flags: int = 0) -> bytes:
-    """A blob of these header bytes and body, with its lengths and checksum."""
-    blob = HEAD.pack(b"MSYN", version, flags, len(head), len(body)) + head + body
-    return blob + struct.pack("<I", zlib.crc32(blob))
+    head, body = codec.unframe(blob)
+    return json.loads(head), body
 
 
 def _join(
     header: dict[str, Any], body: bytes, version: int = codec.FORMAT_VERSION, flags: int = 0
 ) -> bytes:
-    return _blob(json.dumps(header).encode(), body, version, flags)
+    return codec.frame(json.dumps(header).encode(), body, version, flags)
 
 
 def test_round_trip_keeps_values_specs_and_rules() -> None:
@@ -92,8 +84,7 @@ def test_no_pickle_in_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _with_body(blob: bytes, body: bytes) -> bytes:
     """``blob`` with another body behind the very same header bytes."""
-    _, _, _, head_len, _ = HEAD.unpack_from(blob)
-    return _blob(blob[HEAD.size : HEAD.size + head_len], body)
+    return codec.frame(codec.unframe(blob)[0], body)
 
 
 def test_a_header_decoded_again_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -457,8 +448,7 @@ def test_hostile_lengths_do_not_allocate() -> None:
 
 def test_invalid_utf8_and_deep_json_raise_codec_error() -> None:
     for head in [b"\xff\xfe\xfd", b"[" * 100_000 + b"]" * 100_000, b"{}", b"null"]:
-        blob = HEAD.pack(b"MSYN", 1, 0, len(head), 0) + head
-        blob += struct.pack("<I", zlib.crc32(blob))
+        blob = codec.frame(head, b"", version=1)
         with pytest.raises(ms.CodecError):
             ms.Metrics.from_bytes(blob)
 
