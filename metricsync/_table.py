@@ -236,7 +236,7 @@ class StateTable:
             exact[across] = False
         if exact is None:
             self.merge_state(at, other.state)
-        elif exact.any():
+        else:  # the exact metrics (none, if every metric is across: merge_state returns)
             self.merge_state(at[exact], other.state[:, exact])
         with np.errstate(over="ignore"):  # weight sums beyond float64 are inf
             for t, cells in other.sketches.items():
