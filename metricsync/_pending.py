@@ -39,7 +39,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping
-from itertools import islice
+from itertools import compress, islice, repeat
 from typing import Any
 
 import numpy as np
@@ -80,16 +80,13 @@ class StampedBuffer(array):  # type: ignore[type-arg,unused-ignore]
 
 
 _EMPTY = array("d")  #: an empty buffer: a slice of it is a new one, made faster than array("d")
+_WHOLE = slice(None)
 
 
-def _new_buffer(like: Any) -> Any:
-    if isinstance(like, tuple):
-        return (_EMPTY[:], _EMPTY[:])
-    if isinstance(like, StampedBuffer):
-        fresh = StampedBuffer("d")
-        fresh.ignore_nan = like.ignore_nan
-        return fresh
-    return _EMPTY[:]
+def _new_stamped(like: StampedBuffer) -> StampedBuffer:
+    fresh = StampedBuffer("d")
+    fresh.ignore_nan = like.ignore_nan
+    return fresh
 
 
 class HostPending:
@@ -108,6 +105,7 @@ class HostPending:
         self._rows = Rows()  # records reduced on arrival
         self._removed = 0  # names ``fast`` lost so far (it gains names only at its end)
         self._order: tuple[int, int, np.ndarray, np.ndarray] | None = None  # see _order_of
+        self._stamped: set[str] = set()  # names whose buffer is a StampedBuffer
 
     def open(self, name: str, spec: Spec) -> None:
         """Give ``name`` a number buffer, so its later Python numbers take the fast path."""
@@ -117,6 +115,7 @@ class HostPending:
             buf = StampedBuffer("d")
             buf.ignore_nan = spec.nan == "ignore"
             self.fast[name] = buf
+            self._stamped.add(name)
         else:
             self.fast[name] = array("d")
 
@@ -177,16 +176,14 @@ class HostPending:
         """Drop ``name``'s buffers (its spec changed)."""
         if self.fast.pop(name, None) is not None:
             self._removed += 1
+        self._stamped.discard(name)
         self.weighted.pop(name, None)
         self._arrays.pop(name, None)
 
     def clear(self) -> None:
         """Forget every pending sample."""
-        fast = self.fast
         # the same keys: the dict is updated in place, and the record path holds it
-        fast.update(
-            {n: _EMPTY[:] if b.__class__ is array else _new_buffer(b) for n, b in fast.items() if b}
-        )
+        self._renew(list(compress(self.fast, self.fast.values())))  # those holding numbers
         self.weighted.update(
             {n: (_EMPTY[:], _EMPTY[:]) for n, (v, _) in self.weighted.items() if v}
         )
@@ -264,7 +261,7 @@ class HostPending:
             if any(bufs):  # a C loop: the buffers may all be empty
                 sizes = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
                 busy = np.flatnonzero(sizes).tolist()
-            self.fast.update({names[i]: _new_buffer(bufs[i]) for i in busy})
+            self._renew(names if len(busy) == len(names) else [names[i] for i in busy])
             taken = [bufs[i] for i in busy]
             stamps = [buf.stamp if buf.__class__ is StampedBuffer else now for buf in taken]
             counts = runs.read_bulk(taken, slots[busy], np.array(stamps, dtype=np.float64))
@@ -295,6 +292,17 @@ class HostPending:
             self._used, self._rows = 0, Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
+
+    def _renew(self, names: list[str]) -> None:
+        """Swap the number buffers of ``names`` for new empty ones of their kinds. Each name
+        is given its new buffer once (none holds one of another kind in between), and the
+        plain ones are made and stored by C loops: a reset of 10,000 names swaps them all."""
+        fast = self.fast
+        odd = self._stamped.intersection(names) if self._stamped else ()
+        stamped = {name: _new_stamped(fast[name]) for name in odd}
+        plain = [name for name in names if name not in odd] if odd else names
+        fast.update(zip(plain, map(_EMPTY.__getitem__, repeat(_WHOLE, len(plain)))))
+        fast.update(stamped)
 
     def _order_of(self, index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """The slot of each name of ``fast``, in its order, and the positions of the

@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 import metricsync as ms
 import metricsync._algebra
 import metricsync._convert
+from metricsync._pending import FAST_LIMIT
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
@@ -110,6 +111,28 @@ def test_last_ignores_the_time_of_a_dropped_nan(kind: str, device: bool) -> None
             assert ms.merge(parts).compute() == {"lr": 2.0, "lr/nan_dropped": 1.0}
         restored = ms.Metrics.from_bytes(a.to_bytes()).merge(b)
         assert restored.compute() == {"lr": 2.0, "lr/nan_dropped": 1.0}
+
+
+@pytest.mark.parametrize("swap", ["reset", "fold"])
+def test_a_renewed_number_buffer_still_ignores_the_time_of_a_dropped_nan(swap: str) -> None:
+    # a reset, or a fold of a full buffer, swaps the name's number buffer for a new one
+    spec = ms.Spec("last", nan="ignore")
+    with clock() as now:
+        a, b = ms.Metrics({"lr": spec}), ms.Metrics({"lr": spec})
+        now[0] = 0.5
+        a.record("lr", 0.5)  # opens the name's number buffer
+        if swap == "reset":
+            a.reset()
+        else:
+            for _ in range(FAST_LIMIT):  # the buffer fills: folded and swapped
+                a.record("lr", 0.25)
+        now[0] = 1.0
+        a.record("lr", 1.0)
+        now[0] = 2.0
+        b.record("lr", 2.0)
+        now[0] = 3.0
+        a.record("lr", math.nan)  # dropped: a's latest kept number is at 1
+        assert ms.merge([a, b]).compute() == {"lr": 2.0, "lr/nan_dropped": 1.0}
 
 
 @pytest.mark.parametrize("device", PATHS, ids=["host", "device"][: len(PATHS)])
