@@ -1,11 +1,15 @@
-"""What a fold asks of each slot's spec (``_fold.spec_info``), cached and extended as a table grows."""
+"""What a fold asks of each slot's spec (``_fold.spec_info``), cached and extended as a
+table grows, and what a fold leaves in the columns a slot's spec does not carry."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metricsync as ms
+from metricsync import _algebra as al
 from metricsync._fold import SpecInfo, spec_info
 
 POOL = [
@@ -23,6 +27,7 @@ def _same(a: SpecInfo, b: SpecInfo) -> None:
     assert np.array_equal(a.ignore, b.ignore)
     assert np.array_equal(a.sketch, b.sketch)
     assert a.need == b.need
+    assert a.forget == b.forget
     assert a.keep == b.keep
 
 
@@ -87,3 +92,57 @@ def test_a_table_of_the_same_names_and_specs_takes_the_latest_plan() -> None:
     changed = table(other).plan()
     assert changed is not first
     assert changed.keys[-2:] == ["m11/p50", "m11/count"] and first.keys[-1] != "m11/count"
+
+
+FOLDED = [
+    ms.Spec("max"),
+    ms.Spec("min"),
+    ms.Spec("last"),
+    ms.Spec("mean"),
+    ms.Spec("std"),
+    ms.Spec(("mean", "last"), nan="ignore"),
+    ms.Spec(("p50", "max")),
+    ms.Spec("sum"),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(range(len(FOLDED))),
+            st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, 7.0, np.nan]), min_size=1, max_size=4),
+            st.sampled_from(["numbers", "large array", "both"]),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_fold_leaves_the_identity_in_each_column_a_metric_does_not_carry(
+    metrics: list[tuple[int, list[float], str]],
+) -> None:
+    # a metric's state depends on its own records alone: what a fold computes for every
+    # run of a batch (the columns some metric needs), or a record reduced on arrival
+    # (a large array), is set back in the slots whose specs do not carry it
+    specs = {f"m{i}": FOLDED[kind] for i, (kind, _, _) in enumerate(metrics)}
+    m = ms.Metrics(specs)
+    for name, (_, values, how) in zip(specs, metrics):
+        if how != "large array":
+            for value in values:
+                m.record(name, value)
+        if how != "numbers":
+            m.record(name, np.array(values * 200))  # reduced on arrival
+    table = m._store.folded()
+    carried = spec_info(table.specs, table.token).carried
+    state = table.state
+    for slot in range(len(table)):
+        for col in range(al.NCOL):
+            if not carried[col, slot]:
+                want = al.IDENTITY[col]
+                got = state[col, slot]
+                assert got == want and np.signbit(got) == np.signbit(want), (
+                    table.names[slot],
+                    table.specs[slot],
+                    al.COLUMNS[col],
+                    got,
+                )
