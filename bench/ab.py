@@ -13,6 +13,8 @@ process, on a one-rank gloo group (127.0.0.1), alternating which goes first:
 - ``sync+compute K=...``: ``sync()`` then ``compute()`` of K metrics (mean,
   sum, max and std in turn, 4 numbers each), unchanged between syncs;
 - ``compute K=...``: ``compute()`` of the synced ``Metrics``;
+- ``record/fold+compute/reset K=...``: a step of the same K metrics without a
+  sync: one float recorded to each, ``compute()`` (which folds them), ``reset()``;
 - ``step ...``: one rank's RL step of ``bench/step.py`` (its data, specs and
   step function), by phase: recording, ``sync()``, ``compute()`` plus ``reset()``.
 
@@ -89,6 +91,25 @@ def sync_case(ms: Any, k: int, calls: int) -> Case:
     return run
 
 
+def cycle_case(ms: Any, k: int) -> Case:
+    specs = specs_of(ms, sync_specs(k))
+    metrics = ms.Metrics(specs)
+    values = list(zip(specs, np.random.default_rng(1).normal(size=k).tolist()))
+
+    def run() -> dict[str, float]:
+        t0 = time.perf_counter()
+        for name, v in values:
+            metrics.record(name, v)
+        t1 = time.perf_counter()
+        metrics.compute()
+        t2 = time.perf_counter()
+        metrics.reset()
+        t3 = time.perf_counter()
+        return {f"record K={k}": t1 - t0, f"fold+compute K={k}": t2 - t1, f"reset K={k}": t3 - t2}
+
+    return run
+
+
 def step_case(ms: Any, data: dict[str, Any]) -> Case:
     """bench/step.py's step on one rank (on the default group: each package keeps its own
     layouts), by phase."""
@@ -140,6 +161,9 @@ def main() -> None:
                 calls = max(1, 5000 // k)
                 cases[f"K={k}"] = {
                     side: sync_case(ms, k, calls) for side, ms in (("base", base), ("work", work))
+                }
+                cases[f"cycle K={k}"] = {
+                    side: cycle_case(ms, k) for side, ms in (("base", base), ("work", work))
                 }
             print(f"base {args.base} against the working tree; medians of {args.repeats} repeats")
             print("\n".join(compare(cases, args.repeats)))
