@@ -5,7 +5,9 @@ Run: .venv/bin/python bench/sync.py [--repeats R] [--worlds 2 4] [--metrics 100 
 Each configuration runs in its own set of local gloo processes (127.0.0.1);
 every approach is timed in the same processes, so the ratios compare like with
 like: metricsync's sync + compute, OLMo-core's ``reduce_metrics`` (replicated),
-the floor (metricsync's own collectives on buffers packed in advance),
+the floor (metricsync's own collectives on buffers packed in advance) and the floor
+plus building a dict of K floats (the least a sync of these bytes that returns
+``compute()``'s dict costs),
 ``all_gather_object`` and one ``all_reduce`` per metric; then syncs whose
 layout changed, bytes per sync and per quantile metric, and the CPU a call costs
 every rank's process together (on fewer cores than ranks, a call takes at least that
@@ -37,7 +39,8 @@ def main() -> None:
             print(
                 f"{world} ranks, K={k:,}: sync+compute {row['t_metricsync'] * 1e3:.2f} ms,"
                 f" {row['t_metricsync'] / row['t_olmo_core']:.2f}x olmo_core,"
-                f" {row['t_metricsync'] / row['t_floor']:.2f}x the floor;"
+                f" {row['t_metricsync'] / row['t_floor']:.2f}x the floor"
+                f" (the floor plus compute()'s dict alone: {row['t_floor_dict'] / row['t_floor']:.2f}x);"
                 f" after a record {row['t_after_record'] * 1e3:.2f} ms,"
                 f" {row['t_after_record'] / row['t_olmo_core']:.2f}x olmo_core;"
                 f" changed layout {row['t_changed'] / row['t_steady_recorded']:.1f}x",

@@ -19,7 +19,8 @@ median over the repeats:
   means);
 - ``floor``: the collectives metricsync's steady sync makes (same kinds,
   same sizes, recorded with :func:`metricsync.testing.count_collectives`),
-  on buffers packed in advance: the cost of the bytes alone;
+  on buffers packed in advance: the cost of the bytes alone; ``floor_dict``: the
+  floor, then a dict of K new floats, as ``compute()`` returns;
 - ``gather_object``: ``all_gather_object`` of each rank's ``dict[str, list]``,
   then a merge and numpy on every rank (the pattern verl uses today);
 - ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style),
@@ -34,7 +35,7 @@ median over the repeats:
 It also counts the payload bytes each rank hands to the collectives per
 steady sync (for gloo's all-to-all, the chunk each other rank receives), and the bytes per quantile metric: the marginal bytes of one
 more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy); and the CPU
-per call of the first six approaches, every rank's process together (``cpu_*``).
+per call of the first seven approaches, every rank's process together (``cpu_*``).
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
 >>> row["collectives_metricsync"] <= 3, row["cpu_floor"] > 0, "CPU per call" in format_rows([row])
@@ -49,13 +50,13 @@ import pickle
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._baselines import OLMO_KIND, olmo_core_reduce
+from ._progress import Progress
 
 __all__ = ["format_rows", "main", "run"]
 
@@ -115,30 +116,6 @@ def _interleaved(
             dist.all_reduce(all_ranks)
             cpu[name] = float(statistics.median(all_ranks.tolist()))
     return out
-
-
-@contextmanager
-def _progress(enabled: bool, total: int, desc: str) -> Iterator[Callable[[str], None]]:
-    """A tqdm bar on stderr when ``enabled`` and tqdm is installed; otherwise silent."""
-    bar: Any = None
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
-        except ImportError:
-            bar = None
-
-    def step(what: str) -> None:
-        if bar is not None:
-            bar.set_postfix_str(what, refresh=False)
-            bar.update(1)
-
-    try:
-        yield step
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _quantile_bytes(rank: int) -> tuple[float, float]:
@@ -206,6 +183,12 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
                 dist.all_reduce(buf, op=dist.ReduceOp.MAX)
         return None
 
+    row_means = values.mean(axis=1)
+
+    def floor_dict() -> object:  # the least a sync of these bytes returning that dict costs
+        floor()
+        return dict(zip(names, row_means.tolist()))
+
     local: dict[str, Callable[[np.ndarray], Any]] = {
         "mean": np.mean,
         "sum": np.sum,
@@ -265,13 +248,19 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
     steps = repeats + per_metric_repeats + changed_repeats + 1
     result: dict[str, float] = {"K": float(k), "world": float(world)}
     cpu: dict[str, float] = {}
-    with _progress(progress and rank == 0, steps, f"{world} ranks, K={k:,}") as tick:
+    shown = progress and rank == 0  # a bar on rank 0's terminal
+    with Progress(steps if shown else 0, f"{world} ranks, K={k:,}", unit="step", minimum=1) as bar:
+
+        def tick(_: str) -> None:
+            bar.update(1)
+
         t = _interleaved(
             {
                 "metricsync": ours,
                 "after_record": after_record,
                 "sync_only": metrics.sync,
                 "floor": floor,
+                "floor_dict": floor_dict,
                 "olmo_core": lambda: olmo_core_reduce(olmo_metrics, olmo_types),
                 "gather_object": gather_object,
             },
@@ -329,14 +318,16 @@ def format_rows(rows: list[dict[str, float]]) -> str:
         "sync + compute per call (slowest rank, median); targets: <= 0.7x olmo_core, "
         "<= 1.3x the floor at K=10k on 4 ranks",
         f"{'ranks':>5} {'K':>6} {'metricsync':>11} {'sync only':>10} {'olmo_core':>10}"
-        f" {'floor':>9} {'gather_obj':>11} {'per_metric':>11} {'vs olmo':>8} {'vs floor':>9}"
+        f" {'floor':>9} {'floor+dict':>10} {'gather_obj':>11} {'per_metric':>11} {'vs olmo':>8}"
+        f" {'vs floor':>9}"
         f" {'gather/ours':>11} {'per-metric/ours':>15} {'after a record':>15} {'vs olmo':>8}",
     ]
     for r in rows:
         ours = r["t_metricsync"]
         lines.append(
             f"{int(r['world']):>5} {int(r['K']):>6} {_ms(ours):>11} {_ms(r['t_sync_only']):>10}"
-            f" {_ms(r['t_olmo_core']):>10} {_ms(r['t_floor']):>9} {_ms(r['t_gather_object']):>11}"
+            f" {_ms(r['t_olmo_core']):>10} {_ms(r['t_floor']):>9} {_ms(r['t_floor_dict']):>10}"
+            f" {_ms(r['t_gather_object']):>11}"
             f" {_ms(r['t_per_metric']):>11} {ours / r['t_olmo_core']:>7.2f}x"
             f" {ours / r['t_floor']:>8.2f}x {r['t_gather_object'] / ours:>10.1f}x"
             f" {r['t_per_metric'] / ours:>14.1f}x {_ms(r['t_after_record']):>15}"
