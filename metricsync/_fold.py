@@ -50,7 +50,7 @@ class SpecInfo:
     """Per slot of a spec list, what a fold asks of its spec, as arrays: the columns it
     carries ``(NCOL_ALL, n)``, whether it drops NaN, whether it keeps a sketch."""
 
-    __slots__ = ("carried", "forget", "ignore", "keep", "need", "sketch", "uncarried")
+    __slots__ = ("carried", "ignore", "keep", "need", "sketch", "uncarried")
 
     def __init__(self, specs: Sequence[Spec], before: SpecInfo | None = None) -> None:
         """``before``: the info of a prefix of ``specs``, extended here by the rest."""
@@ -69,12 +69,6 @@ class SpecInfo:
         # the columns any of them carries: a fold computes these for every run (a column a
         # metric does not carry is set back to its identity afterwards)
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
-        # the persisted columns a fold may write where a metric does not carry them: the
-        # counts and sums always, the extremes together, the rest where some metric needs them
-        written = self.need | {al.W, al.S}
-        if written & {al.MAX, al.NEGMIN}:
-            written |= {al.MAX, al.NEGMIN}
-        self.forget = [c for c in sorted(written) if c < al.NCOL and self.uncarried[c].any()]
 
 
 _INFO: dict[object, SpecInfo] = {}
@@ -250,8 +244,12 @@ def _forget_uncarried(cols: np.ndarray, slots: np.ndarray, info: SpecInfo) -> No
     """Put the identity back in the columns ``slots``' specs do not carry, where a fold
     may have written (a state depends on the records alone, not on other metrics): the
     persisted columns, as the rank columns only a sync writes."""
-    for c in info.forget:  # elsewhere the fold left the identity
-        np.copyto(cols[c], al.IDENTITY[c], where=info.uncarried[c, slots])
+    n, k = al.NCOL, len(slots)
+    if k >= 512 and slots[-1] - slots[0] == k - 1 and (np.diff(slots) == 1).all():
+        where = info.uncarried[:, slots[0] : slots[-1] + 1]  # a range of slots: no gather
+    else:
+        where = info.uncarried[:, slots]
+    np.copyto(cols[:n], al.IDENTITY[:n, None], where=where)
 
 
 def _chan(w: np.ndarray, s: np.ndarray, m2: np.ndarray, first: np.ndarray) -> np.ndarray:
