@@ -248,7 +248,7 @@ def _bench_rank(rank: int, world: int, k: int, repeats: int, progress: bool) -> 
     steps = repeats + per_metric_repeats + changed_repeats + 1
     result: dict[str, float] = {"K": float(k), "world": float(world)}
     cpu: dict[str, float] = {}
-    shown = progress and rank == 0  # a bar on rank 0's terminal
+    shown = progress and rank == 0  # only rank 0 draws: a total below `minimum` draws no bar
     with Progress(steps if shown else 0, f"{world} ranks, K={k:,}", unit="step", minimum=1) as bar:
 
         def tick(_: str) -> None:
