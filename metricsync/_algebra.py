@@ -302,9 +302,9 @@ def merge_packed(rows: np.ndarray, packed: Packed) -> np.ndarray:
     with np.errstate(all="ignore"):  # NaN and inf samples are data here
         if packed.rank_of is not None:
             for col, at in zip((MAXRANK, MINRANK), packed.rank_of):
-                out[span[col]] = _fold_ranks(rows[:, at], rows[:, span[col]])
+                out[span[col]] = _fold_beside(_rank_of, rows[:, at], rows[:, span[col]])
         if packed.last_t is not None:
-            out[span[LAST]] = _fold_last(rows[:, packed.last_t], rows[:, span[LAST]])
+            out[span[LAST]] = _fold_beside(_last, rows[:, packed.last_t], rows[:, span[LAST]])
         for b in rows[1:]:
             if packed.m2_ws is not None:  # first, while ``out`` holds the left side's sums
                 (w, s), m2 = packed.m2_ws, span[M2]
@@ -328,16 +328,6 @@ def _running_top(x: np.ndarray, running: bool = True) -> np.ndarray:
     return np.where(top == 0, np.where(negative, -0.0, 0.0), top)
 
 
-def _fold_last(times: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The ``last`` column folded down the rows (:func:`_last` at each step, left to
-    right), beside the running top of the times."""
-    before = _running_top(times)
-    last = values[0]
-    for j in range(1, len(values)):
-        last = _last(before[j - 1], times[j], last, values[j], np)
-    return last
-
-
 def _running(op: np.ufunc, x: np.ndarray) -> np.ndarray:
     """``op`` folded down the rows of ``x``, left to right: row ``j`` holds the fold of
     rows 0..j (``op.accumulate`` does the same, much slower down the first axis)."""
@@ -347,11 +337,12 @@ def _running(op: np.ufunc, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fold_ranks(values: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """The rank column folded down the rows (:func:`_rank_of` at each step, left to
-    right), beside the running top of ``values``."""
-    before = _running_top(values)
-    rank = ranks[0]
+def _fold_beside(rule: Any, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``rule`` (:func:`_last` or :func:`_rank_of`) folded down the rows of ``values``,
+    left to right: each step reads the running top of ``keys`` (the times, the values
+    ranked) to its left, so the fold does not wait for that of the keys."""
+    before = _running_top(keys)
+    out = values[0]
     for j in range(1, len(values)):
-        rank = _rank_of(before[j - 1], values[j], rank, ranks[j], np)
-    return rank
+        out = rule(before[j - 1], keys[j], out, values[j], np)
+    return out
