@@ -23,12 +23,13 @@ on every process. Only rank 0's Tracker writes.
 >>> callback.metrics.record("reward", [1.0, 0.0, 0.5])   # what your code records
 >>> logs = {"loss": 0.6931, "learning_rate": 1e-5}       # what the trainer logs
 >>> _ = callback.on_log(None, TrainerState(global_step=10), TrainerControl(), logs=logs)
-step 10 | reward/mean     0.50  reward/max     1.00  loss   0.6931  learning_rate 1.00e-05
+step 10 | loss   0.6931  learning_rate 1.00e-05  reward/mean     0.50  reward/max     1.00
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from ._common import missing_extra, scalars
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 except ImportError as exc:  # pragma: no cover - exercised by a test with the package hidden
     raise ImportError(missing_extra("transformers", "transformers", "transformers")) from exc
 
@@ -53,6 +55,48 @@ each rank's own clock): ``across="first"`` logs rank 0's, as the trainer reports
 """
 
 _DEFAULT_SPEC = ms.Spec()
+
+
+class _ProgressBarOnly(ProgressCallback):
+    """The trainer's progress bar without its printout of ``logs`` (metricsync's console prints)."""
+
+    def on_log(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _Ordered:
+    """A synced Metrics' values in the callback's key order, with the Metrics' formats."""
+
+    def __init__(self, values: dict[str, float], formats: Mapping[str, str | None]) -> None:
+        self.values, self.formats = values, formats
+
+    def compute(self) -> dict[str, float]:
+        return dict(self.values)
+
+    def key_formats(self) -> dict[str, str | None]:
+        return {key: self.formats.get(key) for key in self.values}
+
+
+def _in_log_order(synced: ms.Metrics, logged: Mapping[str, Any]) -> dict[str, float]:
+    """``synced``'s values: the trainer's keys in the trainer's order, then each other
+    metric's keys (in its spec's order), metrics sorted by name.
+
+    The order is the same on one rank and on many, whatever order the sync returns.
+
+    >>> m = ms.Metrics({"r": ms.Spec(("mean", "max"))})
+    >>> m.update({"z": 1.0, "loss": 2.0, "r": 3.0, "epoch": 4.0})
+    >>> list(_in_log_order(m, {"loss": 0, "epoch": 0}))
+    ['loss', 'epoch', 'r/mean', 'r/max', 'z']
+    """
+    values = synced.compute()
+    ordered = {key: values[key] for key in logged if key in values}
+    for name in sorted(synced.names):
+        spec = synced.spec(name)
+        for key in (*spec.output_keys(name), *spec.extra_keys(name)):
+            if key in values and key not in ordered:
+                ordered[key] = values[key]
+    ordered.update((key, values[key]) for key in sorted(values) if key not in ordered)
+    return ordered
 
 
 class MetricsyncCallback(TrainerCallback):
@@ -112,6 +156,8 @@ class MetricsyncCallback(TrainerCallback):
         self.update_logs = tracker is None if update_logs is None else bool(update_logs)
         self.trainer_spec = trainer_spec
         self.last_values: dict[str, float] = {}
+        self._attached = False
+        self._warned_console = False
 
     def attach(self, trainer: Any) -> MetricsyncCallback:
         """Add this callback to ``trainer`` ahead of its other callbacks; return it.
@@ -133,7 +179,17 @@ class MetricsyncCallback(TrainerCallback):
         if any(cb is self for cb in callbacks):
             callbacks.remove(self)
         callbacks.insert(0, self)
+        if self._prints_to_console():  # one console line per log: metricsync's
+            for i, cb in reversed(list(enumerate(callbacks))):
+                if type(cb) is PrinterCallback:
+                    del callbacks[i]
+                elif type(cb) is ProgressCallback:
+                    callbacks[i] = _ProgressBarOnly(max_str_len=cb.max_str_len)
+        self._attached = True
         return self
+
+    def _prints_to_console(self) -> bool:
+        return self.tracker is not None and "console" in self.tracker.backends
 
     def _record_trainer_logs(self, numbers: Mapping[str, Any]) -> None:
         for key, value in numbers.items():
@@ -176,10 +232,18 @@ class MetricsyncCallback(TrainerCallback):
             logs = {}
         numbers = scalars(logs)
         synced = self.sync(numbers)
-        values = synced.compute()
+        values = _in_log_order(synced, numbers)
         self.last_values = values
         if self.tracker is not None:
-            self.tracker.log(synced, step=int(state.global_step))
+            if self._prints_to_console() and not self._attached and not self._warned_console:
+                self._warned_console = True
+                warnings.warn(
+                    "the trainer prints its logs too: call callback.attach(trainer) so that "
+                    "each log is printed once, by metricsync's console",
+                    stacklevel=2,
+                )
+            ordered = _Ordered(values, synced.key_formats())
+            self.tracker.log(ordered, step=int(state.global_step))
         if self.update_logs:
             for key, value in values.items():
                 if key not in numbers or numbers[key] != value:

@@ -178,6 +178,8 @@ def test_attached_callback_feeds_the_trainers_own_reporting(
     maxima = [e.value for e in events.Scalars("train/logit_abs/max")]
     expected = [np.concatenate(trainer.raw[s]).max() for s in (1, 2, 3, 4)]
     np.testing.assert_allclose(maxima, expected, rtol=1e-6)  # TensorBoard stores float32
+    # One train/ prefix, HF's own, on every name the trainer's TensorBoard wrote.
+    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("train/train/")]
 
 
 def test_non_numbers_stay_in_logs_and_declared_specs_win() -> None:
@@ -327,3 +329,56 @@ def test_an_int_beyond_float64_in_the_logs_is_left_out() -> None:
     callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs=logs)
     assert logs == {"loss": 0.5, "huge": 10**400, "tokens": 10.0}
     assert callback.metrics.names == []
+
+
+@pytest.mark.parametrize("disable_tqdm", [False, True])  # ProgressCallback / PrinterCallback
+def test_an_attached_callback_with_a_console_tracker_prints_each_log_once(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], disable_tqdm: bool
+) -> None:
+    with ms.Tracker("console", run_dir=tmp_path / "run") as tracker:
+        callback = MetricsyncCallback(ms.Metrics(SPECS), tracker=tracker)
+        trainer = _RecordingTrainer(
+            model=_tiny_gpt2(),
+            args=_args(str(tmp_path / "out"), logging_steps=2, disable_tqdm=disable_tqdm),
+            train_dataset=_Data(),
+            callback=callback,
+        )
+        callback.attach(trainer)
+        trainer.train()
+    out = capsys.readouterr().out
+    # before: the trainer printed every log a second time, as a dict ("{'loss': ...")
+    assert "{'loss'" not in out and "'train_runtime'" not in out
+    assert [line.split("|")[0].strip() for line in out.splitlines() if "| loss" in line] == [
+        "step 2",
+        "step 4",
+    ]
+
+
+def test_a_console_tracker_without_attach_warns_once_of_the_double_print(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    with ms.Tracker("console", run_dir=tmp_path / "run") as tracker:
+        callback = MetricsyncCallback(tracker=tracker)
+        with pytest.warns(UserWarning, match="attach"):
+            callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs={"loss": 1})
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            callback.on_log(None, TrainerState(global_step=2), TrainerControl(), logs={"loss": 2})
+
+
+def _logged_key_order(rank: int, world: int) -> list[str]:
+    callback = MetricsyncCallback(ms.Metrics({"reward": ms.Spec(("mean", "max"))}))
+    for name in ("zeta", "reward", "alpha"):  # recorded out of name order
+        callback.metrics.record(name, float(rank))
+    logs = {"loss": 0.5, "learning_rate": 1e-3, "epoch": 1.0}
+    callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs=logs)
+    return list(callback.last_values)
+
+
+def test_logged_keys_come_in_the_same_order_on_one_rank_and_on_two() -> None:
+    expected = ["loss", "learning_rate", "epoch", "alpha", "reward/mean", "reward/max", "zeta"]
+    # before: insertion order on one rank, name order on two
+    assert _logged_key_order(0, 1) == expected
+    assert run_distributed(_logged_key_order, 2) == [expected, expected]
