@@ -2,28 +2,53 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+PIP := $(PY) -m pip install --disable-pip-version-check -qq -c constraints.txt
 
-.PHONY: demo test test-matrix docs lint typecheck bench clean
+.PHONY: demo test test-all test-slow test-matrix lock docs lint typecheck bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
+	@echo "make demo: installing metricsync with torch and matplotlib into .venv (once)"
 	$(PIP) -e ".[torch,plot]"
 	touch $@
 
-$(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt metricsync/_version.py
-	$(PIP) -e ".[all,dev,docs,verl]"
-	$(PIP) --no-deps "verl==0.9.1"
+# One pip install of the pinned set the suite needs (requirements/test.txt, made by
+# `make lock`): every integration's real package, verl without its training stack.
+$(VENV)/.test-installed: $(PY) pyproject.toml constraints.txt requirements/test.txt metricsync/_version.py
+	@echo "make test: installing metricsync and the pinned test dependencies into .venv (once, a few minutes)"
+	$(PIP) --no-deps -r requirements/test.txt -e .
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/metricsync demo
 
+# The whole suite but the cases marked slow, on two pytest workers (Ray's in one of them).
 test: $(VENV)/.test-installed
-	$(PY) -m pytest -q
+	@echo "make test: running the test suite on 2 workers (slow cases and other Pythons: make test-all)"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
+
+# What `make test` leaves out: the slow cases (a wheel and an sdist built and installed in
+# a clean venv, ...) and the numpy-only tests on Python 3.10, 3.12 and 3.13.
+test-slow: $(VENV)/.test-installed
+	@echo "make test-slow: the slow cases, then the tests that need no torch on other Pythons"
+	$(PY) -m pytest -q -m slow
 	$(MAKE) --no-print-directory test-matrix
+
+test-all: test test-slow
+
+# Pin the test set anew after a change of pyproject.toml's extras: every extra, then verl
+# with --no-deps (its own list is a training stack; the verl extra holds what its modules import).
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --disable-pip-version-check -qq -c constraints.txt -e ".[all,dev,docs,verl]"
+	.venv-lock/bin/python -m pip install --disable-pip-version-check -qq -c constraints.txt --no-deps "verl==0.9.1"
+	(echo "# Made by \`make lock\`: what \`make test\` installs, pinned; torch as constraints.txt pins it."; \
+	 .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v -e "^metricsync" -e "^-e" \
+	 | sed -e 's/^torch==\([^+]*\)+.*/torch==\1/') > requirements/test.txt
+	rm -rf .venv-lock
 
 # The tests that need no torch on Python 3.10, 3.12 and 3.13 (each found on PATH or under
 # pyenv; a missing one is skipped), in venvs under .venv-matrix/ holding numpy, pytest and
@@ -53,4 +78,4 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/cli.py
 
 clean:
-	rm -rf $(VENV) .venv-matrix site build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-matrix .venv-lock site build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -53,7 +53,22 @@ def _missing(package: str) -> bool:
 collect_ignore = [path for path, package in NEEDS_AT_IMPORT.items() if _missing(package)]
 
 
+_STARTS_RAY = re.compile(r"ray\.init\(|^\s*import ray\b|examples/verl", re.M)
+
+
+def _starts_ray(path: Path, seen: dict[Path, bool]) -> bool:
+    if path not in seen:
+        seen[path] = path.suffix == ".py" and bool(_STARTS_RAY.search(path.read_text()))
+    return seen[path]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under `pytest -n 2 --dist loadgroup` (make test), the tests that start a Ray cluster
+    # all run in one worker: two clusters at once would share the machine's two cores.
+    seen: dict[Path, bool] = {}
+    for item in items:
+        if _starts_ray(Path(str(item.fspath)), seen):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     for item in items:
         if not isinstance(item, pytest.DoctestItem) or item.dtest is None:
             continue

@@ -19,13 +19,6 @@ import torch.distributed as dist
 
 import metricsync as ms
 
-SPECS = {
-    "actor/lr": ms.Spec("last", fmt=".2e"),
-    "actor/pg_loss": ms.Spec("sum", across="mean"),  # sum over micro-batches, mean over DP ranks
-    "actor/entropy": ms.Spec("mean", fmt=".4f"),  # token mean over the response mask
-    "response_length": ms.Spec(("mean", "max", "p50", "p99"), fmt=".0f"),
-    "timing/*": ms.Spec("max", fmt=".3f"),  # glob: every name under timing/
-}
 VOCAB, HIDDEN, MAX_LEN, BATCH, MICRO_BATCHES = 32, 8, 16, 4, 2
 
 
@@ -36,7 +29,16 @@ def train(num_steps: int, run_dir: str, group: dist.ProcessGroup | None = None) 
     model = torch.nn.Linear(HIDDEN, VOCAB)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    metrics = ms.Metrics(SPECS)
+    metrics = ms.Metrics(
+        {
+            "actor/lr": ms.Spec("last", fmt=".2e"),
+            # sum over micro-batches, mean over DP ranks
+            "actor/pg_loss": ms.Spec("sum", across="mean"),
+            "actor/entropy": ms.Spec("mean", fmt=".4f"),  # token mean over the response mask
+            "response_length": ms.Spec(("mean", "max", "p50", "p99"), fmt=".0f"),
+            "timing/*": ms.Spec("max", fmt=".3f"),  # glob: every name under timing/
+        }
+    )
     values: dict[str, float] = {}
 
     with ms.Tracker(backends=("console", "jsonl"), run_dir=run_dir) as tracker:

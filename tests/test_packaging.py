@@ -81,3 +81,55 @@ def test_the_wheel_ships_py_typed_and_the_license(tmp_path: Path) -> None:
     assert "Classifier: Typing :: Typed" in metadata
     assert "Project-URL: Documentation" in metadata
     assert not any(n.startswith(("tests/", "docs/", "bench/")) for n in names)
+
+
+SMOKE = (
+    "import metricsync as ms, numpy as np\n"
+    "m = ms.Metrics({'x': ms.Spec(('mean', 'max'))})\n"
+    "m.record('x', np.array([1.0, 3.0]))\n"
+    "assert m.compute() == {'x/mean': 2.0, 'x/max': 3.0}, m.compute()\n"
+    "assert ms.Metrics.from_bytes(m.to_bytes()).compute() == m.compute()\n"
+    "print(ms.__version__)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_built_wheel_and_sdist_install_in_a_clean_venv(tmp_path: Path) -> None:
+    pytest.importorskip("build")
+    source = tmp_path / "source"  # a copy, so the build leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "metricsync", source / "metricsync", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = dist.glob("metricsync-*.whl")
+    [sdist] = dist.glob("metricsync-*.tar.gz")
+    venv = tmp_path / "clean"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip += ["-c", str(ROOT / "constraints.txt")]
+    for artifact in (wheel, sdist):
+        done = subprocess.run(
+            [*pip, "--force-reinstall", str(artifact)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        smoke = subprocess.run(
+            [str(python), "-c", SMOKE], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert smoke.returncode == 0, smoke.stderr[-3000:]
+        assert smoke.stdout.strip() == metricsync.__version__
+        cli = subprocess.run(
+            [str(venv / "bin" / "metricsync"), "--version"], capture_output=True, text=True
+        )
+        assert cli.returncode == 0 and metricsync.__version__ in cli.stdout + cli.stderr

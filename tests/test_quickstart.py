@@ -49,3 +49,18 @@ def test_the_quickstart_runs_under_torchrun_on_two_ranks(tmp_path: Path) -> None
         assert 1 <= values["response_length/p50"] <= values["response_length/max"] <= 16
         assert 0 < values["actor/entropy"] <= math.log(32) + 1e-9
     assert done.stdout.count("step 2 |") == 1  # one console line per step, from rank 0
+
+
+def test_the_readme_quickstart_is_the_script_s_own_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = "".join(SCRIPT.read_text().split())
+    shown = [line.split("#")[0].strip() for line in code.splitlines()]
+    # every line the README shows (its placeholders aside) stands in the script
+    missing = [
+        line
+        for line in shown
+        if line and line != "..." and "".join(line.split()).rstrip(",") not in script
+    ]
+    assert not missing
