@@ -90,7 +90,7 @@ def tail(
             if needed is not None and STEP_PREFIX.match(line):
                 continue  # an older step: only headers matter now
             try:
-                record = parse_line(line, stats)
+                record = parse_line(line, stats, path)
             except TornLine as exc:
                 if not ended and offset + len(line) == end:
                     result.torn, result.end = f"the line at byte {offset}: {exc}", offset
