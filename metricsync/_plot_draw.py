@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._plot_data import Panel, Run, band, ema, envelope, make_panels
-from ._plot_styles import MARK_EVERY, Style, stat_order, stat_styles
+from ._plot_styles import MARKS, Style, stat_order, stat_styles
 
 __all__ = ["MAX_COLUMNS", "PANEL_INCHES", "PLOT_DPI", "build_figure"]
 
@@ -69,12 +69,16 @@ def _curve(
 ) -> None:
     """One curve, downsampled; with ``smooth`` the EMA over the faint raw curve.
 
-    The style's markers sit :data:`~metricsync._plot_styles.MARK_EVERY` apart;
-    a curve of at most 50 points without one marks each point with a dot.
+    The style's marker sits on about :data:`~metricsync._plot_styles.MARKS`
+    points spread along the curve; a curve of at most 50 points without one
+    marks each point with a dot.
     """
-    marks: dict[str, Any] = {"marker": style.marker, "markevery": MARK_EVERY, "ms": 4}
-    if style.marker is None:
-        marks = {"marker": "." if x.size <= 50 else None}
+
+    def marks(points: int) -> dict[str, Any]:
+        if style.marker is None:
+            return {"marker": "." if x.size <= 50 else None}
+        return {"marker": style.marker, "markevery": max(1, points // MARKS), "ms": 4}
+
     if smooth > 0.0 and x.size > 1:
         rx, ry = envelope(x, y, BINS)
         ax.plot(rx, ry, color=color, ls=style.linestyle, alpha=raw_alpha, linewidth=1.0, zorder=2)
@@ -87,12 +91,19 @@ def _curve(
             linewidth=width + 0.3,
             zorder=3,
             gid=gid,
-            **marks,
+            **marks(sx.size),
         )
     else:
         ex, ey = envelope(x, y, BINS)
         ax.plot(
-            ex, ey, color=color, ls=style.linestyle, linewidth=width, zorder=3, gid=gid, **marks
+            ex,
+            ey,
+            color=color,
+            ls=style.linestyle,
+            linewidth=width,
+            zorder=3,
+            gid=gid,
+            **marks(ex.size),
         )
 
 

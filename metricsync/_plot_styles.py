@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-__all__ = ["MARK_EVERY", "Style", "is_quantile", "stat_order", "stat_styles"]
+__all__ = ["MARKS", "Style", "is_quantile", "stat_order", "stat_styles"]
 
-MARK_EVERY = 0.08
-"""Markers sit this far apart along a curve (a fraction of the axes' diagonal)."""
+MARKS = 12
+"""Markers per curve: a style's marker sits on about this many of a curve's points."""
 
 _QUANTILE = re.compile(r"p\d+(\.\d+)?")
 Marker: TypeAlias = "str | tuple[int, int, int] | None"
