@@ -343,7 +343,7 @@ def match_keys(available: Iterable[str], keys: str | None) -> list[str]:
     patterns = [p.strip() for p in keys.split(",") if p.strip()] + [keys.strip()]
     chosen = [k for k in available if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     if not chosen:
-        shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")
+        shown = ", ".join(map(_short, available[:20])) + (", ..." if len(available) > 20 else "")
         raise ValueError(f"no metric matches {keys!r}; available: {shown or 'none'}")
     return chosen
 

@@ -150,6 +150,9 @@ def test_a_5_mb_key_reads_shortened_and_plots(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     [warning] = [line for line in result.stderr.splitlines() if "warning" in line]
     assert str(path) in warning and short[-9:] in warning and len(warning) < 300
+    missing = run("show", str(path), "--keys", "nope")  # the keys it lists are cut too
+    [error] = [line for line in missing.stderr.splitlines() if "error" in line]
+    assert missing.returncode == 1 and "available: kkk" in error and len(error) < 400
     with pytest.warns(UserWarning, match="5,000,000"):
         found = tail(path, 2)
     assert [values for _, values in found.steps] == [
