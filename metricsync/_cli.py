@@ -273,5 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_warnings(caught: list[Any]) -> None:
-    for warning in caught:
-        print(f"{PROG}: warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
+    """One ``metricsync: warning: ...`` line per distinct message."""
+    lines = (f"{PROG}: warning: {' '.join(str(w.message).split())}" for w in caught)
+    for line in dict.fromkeys(lines):
+        print(line, file=sys.stderr)

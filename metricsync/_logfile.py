@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from ._formatting import check_fmt
+from ._logkeys import MAX_KEY_CHARS, clean_key, describe_change, needs_cleaning
 
 __all__ = [
     "FORMAT_VERSION",
@@ -83,11 +84,14 @@ class TornLine(ValueError):
 class Record:
     """One parsed line: a header (``formats``, ``complete``) or a step (``step``, ``values``).
 
+    ``renamed`` says, one line per key, which keys were read under another
+    name (see :mod:`metricsync._logkeys`).
+
     >>> parse_record(b'{"step": 2, "values": {"a": 1}}')
     Record(step=2, values={'a': 1.0})
     """
 
-    __slots__ = ("complete", "formats", "step", "values")
+    __slots__ = ("complete", "formats", "renamed", "step", "values")
 
     def __init__(
         self,
@@ -101,6 +105,7 @@ class Record:
         self.values = values if values is not None else {}
         self.formats = formats if formats is not None else {}
         self.complete = complete
+        self.renamed: tuple[str, ...] = ()
 
     @property
     def is_header(self) -> bool:
@@ -177,6 +182,9 @@ def parse_record(line: bytes) -> Record:
     Raises :class:`TornLine` when the line is not complete JSON, and
     ``ValueError`` for any other problem (nesting too deep, a number beyond a
     float64, a bad format spec, an unknown layout), never another exception.
+    Keys are read as :func:`~metricsync._logkeys.clean_key` makes them (a lone
+    surrogate escaped, a key over 1024 characters shortened), each change
+    noted in the record's ``renamed``.
 
     >>> parse_record(b'{"metricsync": 1, "formats": {"lr": ".2e"}, "complete": true}')
     Record(formats={'lr': '.2e'}, complete=True)
@@ -205,10 +213,12 @@ def parse_record(line: bytes) -> Record:
         raise TornLine(f"not complete JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    # A lone surrogate only comes from a \\u escape; a long key only in a long line.
+    suspect = len(line) > MAX_KEY_CHARS or b"\\u" in line
     if "metricsync" in record:
         if constants:
             raise ValueError(f"expected strict JSON, got the constant {constants[0]}")
-        return _header(record)
+        return _cleaned(_header(record), suspect)
     if "step" in record:
         step = record["step"]
         if isinstance(step, bool) or not isinstance(step, int):
@@ -216,11 +226,35 @@ def parse_record(line: bytes) -> Record:
         if "values" in record:
             if constants:
                 raise ValueError(f"expected strict JSON, got the constant {constants[0]}")
-            return Record(step=step, values=_values(record["values"], "values", strict=True))
-        if "data" in record:
-            return Record(step=step, values=_values(record["data"], "data", strict=False))
-        raise ValueError("expected a step record to hold 'values' (or verl's 'data')")
+            values = _values(record["values"], "values", strict=True)
+        elif "data" in record:
+            values = _values(record["data"], "data", strict=False)
+        else:
+            raise ValueError("expected a step record to hold 'values' (or verl's 'data')")
+        return _cleaned(Record(step=step, values=values), suspect)
     raise ValueError("expected a header ('metricsync') or step ('step') record")
+
+
+def _cleaned(record: Record, suspect: bool) -> Record:
+    """``record`` with its keys cleaned (see :mod:`metricsync._logkeys`), changes noted."""
+    if not suspect:
+        return record
+    keys = record.formats if record.step is None else record.values
+    if not needs_cleaning(keys):
+        return record
+    notes = []
+    cleaned: dict[str, Any] = {}
+    for key, item in keys.items():
+        new = clean_key(key)
+        if new != key:
+            notes.append(describe_change(key, new))
+        cleaned[new] = item
+    if record.step is None:
+        record.formats = cleaned
+    else:
+        record.values = cleaned
+    record.renamed = tuple(notes)
+    return record
 
 
 def _header(record: dict[str, Any]) -> Record:
@@ -309,7 +343,7 @@ def match_keys(available: Iterable[str], keys: str | None) -> list[str]:
     patterns = [p.strip() for p in keys.split(",") if p.strip()] + [keys.strip()]
     chosen = [k for k in available if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     if not chosen:
-        shown = ", ".join(available[:20]) + (", ..." if len(available) > 20 else "")
+        shown = ", ".join(map(_short, available[:20])) + (", ..." if len(available) > 20 else "")
         raise ValueError(f"no metric matches {keys!r}; available: {shown or 'none'}")
     return chosen
 

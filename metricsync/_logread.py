@@ -77,10 +77,16 @@ class ReadStats:
     lines_parsed: int = 0
 
 
-def parse_line(line: bytes, stats: ReadStats | None) -> Record:
+def parse_line(line: bytes, stats: ReadStats | None, path: Path | None = None) -> Record:
+    """:func:`~metricsync._logfile.parse_record`, counted; a key read under another name
+    (see :mod:`metricsync._logkeys`) is warned about, naming ``path``."""
     if stats is not None:
         stats.lines_parsed += 1
-    return parse_record(line)
+    record = parse_record(line)
+    if path is not None:
+        for note in record.renamed:
+            warnings.warn(f"{path}: {note}", UserWarning, stacklevel=3)
+    return record
 
 
 def invalid_line(path: Path, line_no: int | str, exc: Exception) -> ValueError:
@@ -172,7 +178,7 @@ def iter_records(
             if not line.strip():
                 continue
             try:
-                yield parse_line(line, stats)
+                yield parse_line(line, stats, path)
             except TornLine as exc:
                 if ended:
                     raise invalid_line(path, line_no, exc) from None
@@ -242,7 +248,7 @@ def scan(path: Path, stats: ReadStats | None = None, progress: Progress | None =
                 result.add(int(match.group(1)), offset, line_no)
                 continue
             try:
-                record = parse_line(line, stats)
+                record = parse_line(line, stats, path)
             except TornLine as exc:
                 if ended:
                     raise invalid_line(path, line_no, exc) from None
@@ -288,7 +294,7 @@ def read_timeline(
                 if progress is not None:
                     progress(len(raw))
                 try:
-                    record = parse_line(raw.rstrip(b"\n"), stats)
+                    record = parse_line(raw.rstrip(b"\n"), stats, path)
                     if record.step != step:
                         raise ValueError(f"expected the record of step {step}")
                 except ValueError as exc:

@@ -47,6 +47,7 @@ class Tail:
     superseded: int = 0  # records skipped because a later one went back in step
     torn: str | None = None
     end: int = 0  # bytes taken into account (the file's size, less a torn last line)
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
 
 def _is_headerless(f: BinaryIO, stats: ReadStats | None) -> bool:
@@ -77,10 +78,11 @@ def tail(
     header; a log without headers (verl's) has no formats to look for.
     """
     with path.open("rb") as f:
-        end = os.fstat(f.fileno()).st_size
+        info = os.fstat(f.fileno())
+        end = info.st_size
         headerless = _is_headerless(f, stats)
         formats: Formats = {}
-        result = Tail(formats, [], end=end)
+        result = Tail(formats, [], end=end, identity=(info.st_dev, info.st_ino))
         kept: list[tuple[int, dict[str, float]]] = []  # newest first
         floor: int | None = None
         needed: set[str] | None = None  # keys still lacking a format, once steps are done
@@ -90,7 +92,7 @@ def tail(
             if needed is not None and STEP_PREFIX.match(line):
                 continue  # an older step: only headers matter now
             try:
-                record = parse_line(line, stats)
+                record = parse_line(line, stats, path)
             except TornLine as exc:
                 if not ended and offset + len(line) == end:
                     result.torn, result.end = f"the line at byte {offset}: {exc}", offset

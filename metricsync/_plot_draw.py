@@ -2,10 +2,13 @@
 
 One small panel per metric or statistics family, grouped by prefix under a
 heading per group; several runs share each panel in distinct colors with one
-legend for the figure. A family panel draws the mean (or last) as a line,
-the min-max range as a band and quantiles as dashed lines. With smoothing
+legend for the figure. A family panel draws the min-max range as a band and
+every other statistic as a line of its own style and marker
+(:mod:`metricsync._plot_styles`), with a legend of the styles. With smoothing
 the raw curve stays, faint, behind the smoothed one. Axes turn logarithmic
 on request, or by themselves for positive curves spanning over 3 decades.
+NaN, infinities and values beyond :data:`DRAW_LIMIT` are not drawn: red ticks
+at the panel's foot mark their steps, and its title counts them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._plot_data import Panel, Run, band, ema, envelope, make_panels
+from ._plot_styles import MARKS, Style, stat_order, stat_styles
 
 __all__ = ["MAX_COLUMNS", "PANEL_INCHES", "PLOT_DPI", "build_figure"]
 
@@ -31,7 +35,10 @@ LEGEND_INCHES = 0.45  # the runs' legend above the panels
 BINS = 1000  # downsampling bins per curve: about 2.5 per pixel column
 AUTO_LOG_DECADES = 3.0
 _MARGINS = (0.7, 0.15, 0.35, 0.45)  # inches around a panel's axes: left, right, top, bottom
-_QUANTILE_STYLES = ("--", ":", "-.")
+DRAW_LIMIT = 1e300
+"""Values beyond +-1e300 are marked as not drawn, like NaN: an axis spanning them overflows."""
+TITLE_CHARS = 60  # a longer panel title is cut in its middle
+_LONE = Style("-", None)  # a panel of one metric
 
 
 def _imports() -> Any:
@@ -55,26 +62,88 @@ def _curve(
     color: str,
     smooth: float,
     *,
-    style: str = "-",
+    style: Style = _LONE,
     width: float = 1.3,
     raw_alpha: float = 0.25,
+    gid: str | None = None,
 ) -> None:
-    """One curve, downsampled; with ``smooth`` the EMA over the faint raw curve."""
-    marker = "." if x.size <= 50 else None
+    """One curve, downsampled; with ``smooth`` the EMA over the faint raw curve.
+
+    The style's marker sits on about :data:`~metricsync._plot_styles.MARKS`
+    points spread along the curve; a curve of at most 50 points without one
+    marks each point with a dot.
+    """
+
+    def marks(points: int) -> dict[str, Any]:
+        if style.marker is None:
+            return {"marker": "." if x.size <= 50 else None}
+        return {"marker": style.marker, "markevery": max(1, points // MARKS), "ms": 4}
+
     if smooth > 0.0 and x.size > 1:
         rx, ry = envelope(x, y, BINS)
-        ax.plot(rx, ry, style, color=color, alpha=raw_alpha, linewidth=1.0, zorder=2)
+        ax.plot(rx, ry, color=color, ls=style.linestyle, alpha=raw_alpha, linewidth=1.0, zorder=2)
         sx, sy = envelope(x, ema(y, smooth), BINS)
-        ax.plot(sx, sy, style, color=color, linewidth=width + 0.3, zorder=3)
+        ax.plot(
+            sx,
+            sy,
+            color=color,
+            ls=style.linestyle,
+            linewidth=width + 0.3,
+            zorder=3,
+            gid=gid,
+            **marks(sx.size),
+        )
     else:
         ex, ey = envelope(x, y, BINS)
-        ax.plot(ex, ey, style, color=color, linewidth=width, marker=marker, zorder=3)
+        ax.plot(
+            ex,
+            ey,
+            color=color,
+            ls=style.linestyle,
+            linewidth=width,
+            zorder=3,
+            gid=gid,
+            **marks(ex.size),
+        )
 
 
-def _finite(run: Run, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    x, y = run.series[key]
-    ok = np.isfinite(y)
-    return x[ok], y[ok], x[~ok]
+class _Points:
+    """One curve's points split into those drawn and the steps of those that cannot be."""
+
+    def __init__(self, run: Run, key: str) -> None:
+        x, y = run.series[key]
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(y) <= DRAW_LIMIT  # False for NaN
+        finite = np.isfinite(y)
+        self.x, self.y = x[ok], y[ok]
+        self.nonfinite = x[~finite]
+        self.huge = x[finite & ~ok]
+
+
+def _title_text(text: str) -> str:
+    """``text`` cut in its middle to :data:`TITLE_CHARS` characters."""
+    if len(text) <= TITLE_CHARS:
+        return text
+    head = TITLE_CHARS * 2 // 3
+    return text[:head] + "\u2026" + text[len(text) - (TITLE_CHARS - head - 1) :]
+
+
+def _set_log_scale(ax: Any, values: np.ndarray) -> None:
+    """A log y axis; near the ends of float64 its limits and ticks are set here, as
+    matplotlib's own (5% margins, ticks a stride beyond the data) would pass 1e308."""
+    mpl = _imports()
+    low, high = math.log10(values.min()), math.log10(values.max())
+    pad = 0.05 * (high - low)
+    if low - pad >= -300 and high + pad <= 300:
+        ax.set_yscale("log")
+        return
+    ax.set_ylim(10 ** max(low - pad, -320.0), 10 ** min(high + pad, 307.0))  # no autoscaling
+    ax.set_yscale("log")
+    first, last = math.ceil(low), math.floor(high)
+    stride = max(1, math.ceil((last - first) / 5))
+    ticks = 10.0 ** np.arange(first, last + 1, stride, dtype=np.float64)
+    ax.yaxis.set_major_locator(mpl.ticker.FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(mpl.ticker.NullLocator())
 
 
 def _draw_panel(
@@ -82,72 +151,80 @@ def _draw_panel(
 ) -> None:
     mpl = _imports()
     drawn: list[np.ndarray] = []
-    bad: list[np.ndarray] = []
-    styles: dict[str, Any] = {}
+    nonfinite: list[np.ndarray] = []
+    huge: list[np.ndarray] = []
+    handles: dict[str, Any] = {}
     fmt = next(
         (run.formats.get(k) for run in runs for k in panel.members.values() if k in run.formats),
         None,
     )
+    styles = stat_styles(list(panel.members))
     for run, color in zip(runs, colors):
         members = {stat: key for stat, key in panel.members.items() if key in run.series}
         if not members:
             continue
+        points = {stat: _Points(run, key) for stat, key in members.items()}
+        for p in points.values():
+            nonfinite.append(p.nonfinite)
+            huge.append(p.huge)
         if not panel.family:
-            x, y, nonfinite = _finite(run, members[""])
-            _curve(ax, x, y, color, smooth)
-            drawn.append(y)
-            bad.append(nonfinite)
+            p = points[""]
+            _curve(ax, p.x, p.y, color, smooth, gid="")
+            drawn.append(p.y)
             continue
-        for stat in ("min", "max"):
-            if stat in members:
-                bad.append(_finite(run, members[stat])[2])
-        if "min" in members and "max" in members:
-            (x0, lo, _), (x1, hi, _) = _finite(run, members["min"]), _finite(run, members["max"])
-            common, i0, i1 = np.intersect1d(x0, x1, assume_unique=True, return_indices=True)
-            bx, blo, bhi = band(common, lo[i0], hi[i1], BINS)
-            ax.fill_between(bx, blo, bhi, color=color, alpha=0.18, linewidth=0, zorder=1)
+        banded = "min" in points and "max" in points
+        if banded:
+            low, high = points["min"], points["max"]
+            common, i0, i1 = np.intersect1d(low.x, high.x, assume_unique=True, return_indices=True)
+            bx, blo, bhi = band(common, low.y[i0], high.y[i1], BINS)
+            ax.fill_between(
+                bx, blo, bhi, color=color, alpha=0.18, linewidth=0, zorder=1, gid="min-max"
+            )
             drawn += [blo, bhi]
-            styles["min-max"] = mpl.patches.Patch(color="0.5", alpha=0.35, label="min-max")
-        else:
-            for stat in ("min", "max"):
-                if stat in members:
-                    x, y, _ = _finite(run, members[stat])
-                    _curve(ax, x, y, color, smooth, style=":", width=1.0)
-                    drawn.append(y)
-                    styles[stat] = mpl.lines.Line2D([], [], color="0.3", ls=":", label=stat)
-        main = next((s for s in ("mean", "last") if s in members), None)
-        if main is not None:
-            x, y, nonfinite = _finite(run, members[main])
-            _curve(ax, x, y, color, smooth)
-            drawn.append(y)
-            bad.append(nonfinite)
-            styles[main] = mpl.lines.Line2D([], [], color="0.3", ls="-", label=main)
-        quantiles = sorted((s for s in members if s.startswith("p")), key=lambda s: float(s[1:]))
-        for i, stat in enumerate(quantiles):
-            style = _QUANTILE_STYLES[i % len(_QUANTILE_STYLES)]
-            x, y, nonfinite = _finite(run, members[stat])
-            _curve(ax, x, y, color, smooth, style=style, width=1.0)
-            drawn.append(y)
-            bad.append(nonfinite)
-            styles[stat] = mpl.lines.Line2D([], [], color="0.3", ls=style, label=stat)
-    if styles and len(styles) > 1:
-        ax.legend(handles=list(styles.values()), fontsize=7, loc="best", framealpha=0.6)
-    title = panel.title
-    bad_x = np.unique(np.concatenate(bad)) if bad else np.empty(0)
-    if bad_x.size:
-        title += f"  ({bad_x.size} nan/inf)"
+            handles["min-max"] = mpl.patches.Patch(color="0.5", alpha=0.35, label="min-max")
+        for stat in stat_order(list(points)):
+            if banded and stat in ("min", "max"):
+                continue
+            p, style = points[stat], styles[stat]
+            main = stat in ("mean", "last")
+            _curve(ax, p.x, p.y, color, smooth, style=style, width=1.3 if main else 1.0, gid=stat)
+            drawn.append(p.y)
+            handles[stat] = mpl.lines.Line2D(
+                [], [], color="0.3", ls=style.linestyle, marker=style.marker, ms=4, label=stat
+            )
+    if len(handles) > 1:
+        band_first = ["min-max"] if "min-max" in handles else []
+        order = band_first + stat_order([s for s in handles if s != "min-max"])
+        ax.legend(
+            handles=[handles[s] for s in order],
+            fontsize=7,
+            loc="best",
+            framealpha=0.6,
+            handlelength=3.0,
+        )
+    title = _title_text(panel.title)
+    nonfinite_x = np.unique(np.concatenate(nonfinite)) if nonfinite else np.empty(0)
+    huge_x = np.unique(np.concatenate(huge)) if huge else np.empty(0)
+    notes = [f"{nonfinite_x.size} nan/inf"] if nonfinite_x.size else []
+    notes += [f"{huge_x.size} beyond \u00b1{DRAW_LIMIT:.0e}"] if huge_x.size else []
+    if notes:
+        title += f"  ({', '.join(notes)})"
         bottom = mpl.transforms.blended_transform_factory(ax.transData, ax.transAxes)
+        bad_x = np.union1d(nonfinite_x, huge_x)
         ax.plot(bad_x, np.zeros(bad_x.size), "|", color="tab:red", transform=bottom, ms=8)
     values = np.concatenate(drawn) if drawn else np.empty(0)
     scale = "linear"
     if values.size and values.min() > 0:
-        spread = math.log10(values.max() / values.min()) if values.max() > 0 else 0.0
+        spread = math.log10(values.max()) - math.log10(values.min())
         if logy or spread > AUTO_LOG_DECADES:
             scale = "log"
     elif values.size and logy:
         title += "  (linear: values <= 0)"
-    ax.set_yscale(scale)
-    ax.set_title(title, fontsize=10)
+    if scale == "log":
+        _set_log_scale(ax, values)
+    else:
+        ax.set_yscale(scale)
+    ax.set_title(title, fontsize=10, parse_math=False)
     ax.set_xlabel("step", fontsize=8)
     ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=5, integer=True))
     ax.tick_params(labelsize=8)
@@ -229,7 +306,14 @@ def build_figure(
     y = legend  # inches from the top
     for (heading, members), count in zip(sections, rows):
         if heading:
-            figure.text(0.1 / width, 1 - (y + 0.05) / height, heading, fontsize=11, va="top")
+            figure.text(
+                0.1 / width,
+                1 - (y + 0.05) / height,
+                _title_text(heading),
+                fontsize=11,
+                va="top",
+                parse_math=False,
+            )
             y += GROUP_INCHES
         for index, panel in enumerate(members):
             row, column = divmod(index, columns)
@@ -243,10 +327,10 @@ def build_figure(
         y += count * PANEL_INCHES[1]
     if len(runs) > 1:
         handles = [
-            mpl.lines.Line2D([], [], color=c, linewidth=2, label=run.label)
+            mpl.lines.Line2D([], [], color=c, linewidth=2, label=_title_text(run.label))
             for run, c in zip(runs, colors)
         ]
-        figure.legend(
+        legend = figure.legend(
             handles=handles,
             loc="upper center",
             bbox_to_anchor=(0.5, 1.0),
@@ -254,4 +338,6 @@ def build_figure(
             fontsize=9,
             frameon=False,
         )
+        for text in legend.get_texts():
+            text.set_parse_math(False)  # a "$" in a run's name is text, not TeX
     return figure

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import TextIO
 
 from ._formatting import format_value
-from ._logfile import Formats, match_keys, parse_record, resolve_log_path
-from ._logread import ReadStats, lines_forward, read_timeline, scan
+from ._logfile import Formats, match_keys, resolve_log_path
+from ._logfollow import LogFollower
+from ._logread import ReadStats, read_timeline, scan
 from ._logtail import tail
 from ._progress import Progress
 from ._render import (
@@ -271,15 +272,18 @@ def _follow(
     """Print the last steps, then each new step as it is appended, until interrupted.
 
     Tables grow row by row; CSV keeps the columns it started with; JSON
-    prints one object per line (JSON Lines), as the output never ends.
+    prints one object per line (JSON Lines), as the output never ends. The
+    log is followed by name (:class:`~metricsync._logfollow.LogFollower`):
+    after a rotation or a new run at the same path, the new file's steps
+    follow, with a warning line.
     """
     found = tail(path, 10 if last is None else last, stats)
     formats = dict(found.formats)
-    end = found.end
     shown: list[str] = []
     table = GrowingTable(formats, width, out)
     emitter: _Emitter | None = None
     pending = list(found.steps)
+    follower = LogFollower(path, found.end, found.identity, stats)
     try:
         while True:
             if pending:
@@ -300,28 +304,18 @@ def _follow(
                     emitter.page(pending)
                 pending = []
             time.sleep(interval)
-            size = path.stat().st_size
-            if size < end:
-                print(f"metricsync: warning: {path} shrank; following its new end", file=sys.stderr)
-                end = size
-                continue
-            if size == end:
-                continue
-            with path.open("rb") as f:
-                f.seek(end)
-                for offset, line, ended in lines_forward(f, stats):
-                    if not ended:
-                        break  # a line being written: read it complete next time
-                    end = offset + len(line) + 1
-                    if not line.strip():
-                        continue
-                    record = parse_record(line)
-                    if record.step is None:
-                        formats.update(record.formats)
-                    else:
-                        pending.append((record.step, record.values))
+            records, notes = follower.poll()
+            for note in notes:
+                print(f"metricsync: warning: {note}", file=sys.stderr, flush=True)
+            for record in records:
+                if record.step is None:
+                    formats.update(record.formats)
+                else:
+                    pending.append((record.step, record.values))
     except KeyboardInterrupt:
         return 0
+    finally:
+        follower.close()
 
 
 def _signed(value: float, fmt: str | None) -> str:

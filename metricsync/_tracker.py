@@ -182,7 +182,10 @@ class Tracker:
         raises its error (``SyncError``, ``SpecMismatchError``, ...) from the
         next ``log``, ``flush`` or ``close``, on every rank, and its step is not
         written. With ``histograms=`` set, the selected quantile metrics also
-        go, as histograms, to the backends that have ``log_histograms``.
+        go, as histograms, to the backends that have ``log_histograms``. A key
+        no log can hold (a lone surrogate, over 1024 characters) is logged
+        under a cleaned name with a warning, the other keys as given (see
+        :mod:`metricsync._logkeys`).
 
         >>> import tempfile
         >>> import metricsync as ms

@@ -9,10 +9,12 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from ._logkeys import clean_key, describe_change, needs_cleaning
 from .backends import (
     BACKEND_OPTIONS,
     Backend,
@@ -64,6 +66,9 @@ def unwrap(metrics: Any) -> tuple[dict[str, float], dict[str, str | None]]:
 
     A Metrics is anything with ``compute()`` (and, for formats,
     ``key_formats()``); a mapping gets the adaptive format (None) everywhere.
+    A key no log can hold (a lone surrogate, over 1024 characters) is logged
+    under its :func:`~metricsync._logkeys.clean_key` name, with a warning; one
+    that would then take another key's name raises ``ValueError`` naming both.
 
     >>> import numpy as np
     >>> unwrap({"n": np.int64(3), "ok": True})
@@ -87,7 +92,31 @@ def unwrap(metrics: Any) -> tuple[dict[str, float], dict[str, str | None]]:
         if not isinstance(key, str):
             raise TypeError(f"expected metric names to be str, got {key!r}")
         values[key] = _to_float(key, value)
+    if needs_cleaning(values):
+        return _cleaned(values, formats)
     return values, {key: formats.get(key) for key in values}
+
+
+def _cleaned(
+    values: dict[str, float], formats: Mapping[str, str | None]
+) -> tuple[dict[str, float], dict[str, str | None]]:
+    """``values`` and their formats under keys every backend can hold; a warning per change."""
+    names = {key: clean_key(key) for key in values}
+    taken: dict[str, str] = {}
+    for key, name in names.items():
+        other = taken.setdefault(name, key)
+        if other != key:
+            raise ValueError(
+                f"metric keys {other!r:.80} and {key!r:.80} would both be logged as {name!r:.80}; "
+                "rename one"
+            )
+    for key, name in names.items():
+        if name != key:
+            warnings.warn(f"metricsync: {describe_change(key, name)}", UserWarning, stacklevel=5)
+    return (
+        {names[key]: value for key, value in values.items()},
+        {names[key]: formats.get(key) for key in values},
+    )
 
 
 def is_backend(obj: object) -> bool:
@@ -192,7 +221,7 @@ def select_histograms(
     if not wanted or not callable(read):
         return {}
     return {
-        key: hist
+        clean_key(key): hist
         for key, hist in read().items()
         if any(fnmatch.fnmatchcase(key, p) for p in patterns)
     }

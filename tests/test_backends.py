@@ -59,6 +59,29 @@ def _assert_histogram_of(edges: np.ndarray, counts: np.ndarray, samples: np.ndar
     assert np.max(np.abs(np.cumsum(counts) - below)) <= 1  # (a sample on an edge may go either way)
 
 
+def test_tensorboard_scalars_are_what_event_accumulator_scalars_reads(tmp_path: Path) -> None:
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    steps = [(s, {**v, "tiny": 1e-6 * s, "huge": 1e300}) for s, v in STEPS]
+    with Tracker(("jsonl", "tensorboard"), run_dir=tmp_path) as tracker:
+        for step, values in steps:
+            tracker.log(values, step=step)
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path))  # default size guidance
+    accumulator.Reload()
+    keys = ["actor/lr", "grad_norm", "huge", "loss", "tiny"]
+    # before: Scalars() saw nothing (every value was a float64 tensor event)
+    assert sorted(accumulator.Tags()["scalars"]) == keys
+    for key in keys:
+        events = accumulator.Scalars(key)
+        assert [e.step for e in events] == [1, 2, 3]
+        for event, (_, logged) in zip(events, steps, strict=True):
+            with np.errstate(over="ignore"):  # float32, as SummaryWriter.add_scalar stores
+                want = float(np.float32(logged[key]))
+            assert (math.isnan(want) and math.isnan(event.value)) or event.value == want
+    assert accumulator.Scalars("huge")[0].value == math.inf  # beyond float32: an infinity
+
+
 def test_tensorboard_scalars_read_back_in_double_precision(tmp_path: Path) -> None:
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator"
@@ -66,7 +89,7 @@ def test_tensorboard_scalars_read_back_in_double_precision(tmp_path: Path) -> No
     from tensorboard.util import tensor_util
 
     steps = [(s, {**v, "tiny": 1e-6 * s, "big": 123456789.123456789}) for s, v in STEPS]
-    with Tracker(("jsonl", "tensorboard"), run_dir=tmp_path) as tracker:
+    with Tracker(("jsonl", "tensorboard"), run_dir=tmp_path, double_precision=True) as tracker:
         for step, values in steps:
             tracker.log(values, step=step)
     accumulator = event_accumulator.EventAccumulator(str(tmp_path))
@@ -142,7 +165,7 @@ def test_histograms_are_opt_in(tmp_path: Path) -> None:
         accumulator = event_accumulator.EventAccumulator(str(tmp_path / run))
         accumulator.Reload()
         assert accumulator.Tags()["histograms"] == []
-        assert "len/mean" in accumulator.Tags()["tensors"]
+        assert "len/mean" in accumulator.Tags()["scalars"]
 
 
 def test_custom_backends_get_histograms_through_the_optional_method(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from metricsync._plot_data import band, ema, envelope, load_runs, make_panels
 from metricsync._plot_draw import BINS, build_figure
@@ -67,7 +69,7 @@ def test_figure_axes_lines_scales_and_png_size(tmp_path: Path) -> None:
     family = by_title["len"]
     assert len(family.collections) == 1  # the min-max band
     assert len(_lines(family)) == 3  # mean, p50, p99
-    assert {line.get_linestyle() for line in _lines(family)} == {"-", "--", ":"}
+    assert {line.get_linestyle() for line in _lines(family)} == {"-", "--", "-."}
     assert by_title["actor/lr"].get_yscale() == "log"  # positive, over 3 decades: automatic
     assert by_title["actor/loss"].get_yscale() == "linear"
     assert by_title["score"].get_yscale() == "linear"
@@ -194,3 +196,101 @@ def test_non_finite_values_are_marked_not_drawn(tmp_path: Path) -> None:
     assert ax.get_title() == "x  (2 nan/inf)"
     [curve] = _lines(ax)
     assert list(curve.get_xdata()) == [0, 1, 2, 4, 5, 6, 8, 9]
+
+
+def _family_log(run_dir: Path, stats: dict[str, float], steps: int = 80) -> Path:
+    with Tracker(run_dir=run_dir) as tracker:
+        for step in range(steps):
+            tracker.log({f"x/{s}": v * (1 + step / steps) for s, v in stats.items()}, step)
+    return run_dir
+
+
+def _style_of(artist: object) -> tuple[object, object]:
+    return artist.get_linestyle(), artist.get_marker()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        ["mean", "max", "p50", "p99"],  # issue 47: max and p99 were both dotted, alike
+        ["max", "p50", "p90", "p99"],
+        ["mean", "last", "min", "p1", "p5", "p25", "p50", "p75", "p95", "p99", "p99.9"],
+        ["mean", "min", "max", "p50", "p90"],  # min and max as a band
+    ],
+)
+def test_every_statistic_of_a_family_has_its_own_style(tmp_path: Path, stats: list[str]) -> None:
+    run = _family_log(tmp_path / "a", {s: 1.0 + i for i, s in enumerate(stats)})
+    other = _family_log(tmp_path / "b", {s: 2.0 + i for i, s in enumerate(stats)})
+    runs, keys = load_runs([run, other], None)
+    [ax] = build_figure(runs, keys).get_axes()
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    banded = "min" in stats and "max" in stats
+    lined = [s for s in stats if not (banded and s in ("min", "max"))]
+    assert sorted(labels) == sorted(lined + (["min-max"] if banded else []))
+    handles = {label: h for label, h in zip(labels, legend.legend_handles)}
+    keyed = {s: _style_of(handles[s]) for s in lined}
+    assert len(set(keyed.values())) == len(lined)  # a reader tells every statistic apart
+    for color in ("C0", "C1"):  # each run's lines: one per statistic, styled as its legend entry
+        lines = [line for line in _lines(ax) if line.get_color() == color and line.get_gid()]
+        assert sorted(line.get_gid() for line in lines) == sorted(lined)
+        for line in lines:
+            assert _style_of(line) == keyed[line.get_gid()]
+    assert len({line.get_color() for line in _lines(ax)}) == 2  # color tells the runs apart
+    if banded:
+        assert [c.get_gid() for c in ax.collections] == ["min-max", "min-max"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1e308, -1e308, 1.0, 2.0],
+        [1.7e308, 1.7e308, 1.7e308],
+        [-1e308, 5e-324, 3.0],
+        [5e-324, 1e300, 1e-300, 2.0],  # positive over 600 decades: a log axis
+        [1e300, -1e300, 0.0],  # at the limit: drawn
+    ],
+)
+def test_values_beyond_the_draw_limit_are_marked_not_drawn(
+    tmp_path: Path, values: list[float]
+) -> None:
+    with Tracker(run_dir=tmp_path) as tracker:
+        for step, value in enumerate(values):
+            tracker.log({"x": value, "band/min": -abs(value), "band/max": abs(value)}, step)
+    runs, keys = load_runs([tmp_path], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way
+        out = plot_runs([tmp_path], tmp_path / "x.png")  # before: "arange: cannot compute length"
+        figure = build_figure(runs, keys)
+    assert out.stat().st_size > 0
+    kept = [v for v in values if abs(v) <= 1e300]  # the documented limit
+    beyond = len(values) - len(kept)
+    ax = next(a for a in figure.get_axes() if a.get_title().startswith("x"))
+    assert ax.get_title() == ("x" if not beyond else f"x  ({beyond} beyond \u00b11e+300)")
+    if kept:
+        [curve] = _lines(ax)
+        assert list(curve.get_ydata()) == kept
+    else:
+        assert not _lines(ax) or not len(_lines(ax)[0].get_ydata())
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@example([1e308, -1e308], ["y"], False)  # before: "arange: cannot compute length"
+@example([5e-324, 1e300, 3.0], ["x/mean", "x/p99"], True)
+@given(
+    st.lists(st.floats(width=64), min_size=1, max_size=6),
+    st.lists(st.sampled_from(["x/mean", "x/min", "x/max", "x/p99", "y"]), min_size=1, max_size=5),
+    st.booleans(),
+)
+def test_any_float64_values_plot_without_error_or_warning(
+    tmp_path_factory: pytest.TempPathFactory, values: list[float], keys: list[str], logy: bool
+) -> None:
+    path = tmp_path_factory.mktemp("any") / "m.jsonl"
+    rows = [{"step": i, "data": {k: v for k in keys}} for i, v in enumerate(values)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = plot_runs([path], path.with_suffix(".png"), logy=logy, smooth=0.5)
+    assert out.stat().st_size > 0

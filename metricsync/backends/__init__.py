@@ -14,8 +14,9 @@ name             writes                                     options
 ===============  =========================================  ========================
 ``console``      one aligned line per step to ``stdout``    ``console_keys``
 ``jsonl``        ``run_dir/metrics.jsonl``                  ``fsync``
-``tensorboard``  event files under ``run_dir`` (float64     ``flush_secs``,
-                 scalars, histograms, hparams)              ``config``
+``tensorboard``  event files under ``run_dir`` (scalars,    ``flush_secs``,
+                 histograms, hparams)                       ``config``,
+                                                            ``double_precision``
 ``wandb``        a W&B run (``WANDB_MODE``, ``WANDB_DIR``)  ``project``, ``name``,
                                                             ``mode``, ``entity``,
                                                             ``group``, ``tags``,

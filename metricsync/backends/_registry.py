@@ -63,7 +63,7 @@ BackendFactory = Callable[..., Backend]
 BACKEND_OPTIONS: dict[str, frozenset[str]] = {
     "console": frozenset({"console_keys", "console_width", "console_logger"}),
     "jsonl": frozenset({"fsync"}),
-    "tensorboard": frozenset({"flush_secs", "config"}),
+    "tensorboard": frozenset({"flush_secs", "config", "double_precision"}),
     "wandb": frozenset({"project", "name", "mode", "entity", "group", "tags", "config"}),
     "mlflow": frozenset({"tracking_uri", "experiment", "name", "tags", "config"}),
     "swanlab": frozenset({"project", "name", "mode", "workspace", "group", "tags", "config"}),

@@ -1,13 +1,18 @@
-"""The ``tensorboard`` backend: event files under ``run_dir``, in double precision.
+"""The ``tensorboard`` backend: event files under ``run_dir``.
 
 Events are written with TensorBoard's own event-file writer and protocol
 buffers (what ``torch.utils.tensorboard.SummaryWriter`` uses underneath), so
 neither torch nor TensorFlow is needed:
 
 - every value is a scalar series (one tag per key, never ``add_scalars``,
-  which would scatter keys over sub-directories) stored as a float64 tensor,
-  as ``SummaryWriter.add_scalar(..., new_style=True, double_precision=True)``
-  does, so a logged ``1e-6`` reads back as ``1e-06``, not ``9.99999997e-07``;
+  which would scatter keys over sub-directories). By default it is a
+  ``simple_value``, as ``SummaryWriter.add_scalar(tag, value)`` writes it:
+  what TensorBoard draws and what ``EventAccumulator(...).Scalars(tag)``
+  reads, in float32 (a logged ``1e-6`` reads back as ``9.99999997e-07``, and
+  a value beyond 3.4e38 as an infinity). With ``double_precision=True`` it is
+  a float64 tensor, as ``SummaryWriter.add_scalar(..., new_style=True,
+  double_precision=True)`` writes it: TensorBoard draws it as a scalar, but
+  scripts read it with ``EventAccumulator(...).Tensors(tag)``, not ``Scalars``;
 - histograms (``Tracker(histograms=...)``) are TensorBoard histograms tagged
   ``<name>/histogram``, as ``SummaryWriter.add_histogram_raw`` writes them,
   at most 512 buckets;
@@ -47,7 +52,7 @@ __all__ = ["TensorBoardBackend"]
 
 
 class TensorBoardBackend:
-    """Write every value as a float64 TensorBoard scalar under ``run_dir``.
+    """Write every value as a TensorBoard scalar under ``run_dir`` (float64 with ``double_precision``).
 
     Raises ``ImportError`` naming ``metricsync[tensorboard]`` when the
     ``tensorboard`` package is missing.
@@ -62,7 +67,11 @@ class TensorBoardBackend:
         *,
         flush_secs: int = 120,
         config: Mapping[str, Any] | None = None,
+        double_precision: bool = False,
     ) -> None:
+        if not isinstance(double_precision, bool):
+            raise TypeError(f"expected double_precision to be a bool, got {double_precision!r}")
+        self._double_precision = double_precision
         try:
             import tensorboard  # noqa: F401  (first, so a missing package is reported as such)
             from tensorboard.compat.proto import (
@@ -115,7 +124,12 @@ class TensorBoardBackend:
     def log(
         self, values: Mapping[str, float], step: int, formats: Mapping[str, str | None]
     ) -> None:
-        """One event holding a float64 scalar per key at ``step``; then flush."""
+        """One event holding a scalar per key at ``step``; then flush."""
+        if not self._double_precision:
+            scalars = [self._summary.Value(tag=key, simple_value=v) for key, v in values.items()]
+            self._write(step, scalars)
+            self._writer.flush()
+            return
         items = []
         for key, value in values.items():
             tensor = self._tensor(

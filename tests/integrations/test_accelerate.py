@@ -71,10 +71,9 @@ def test_log_with_the_registered_name(tmp_path: pytest.TempPathFactory) -> None:
 
 
 def _tb_scalars(run: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) of a scalar metricsync's TensorBoard backend wrote (float64 tensor events)."""
+    """(step, value) of a scalar metricsync's TensorBoard backend wrote (float32 scalar events)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
 
     events = EventAccumulator(run)
     events.Reload()
-    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors(key)]
+    return [(e.step, e.value) for e in events.Scalars(key)]

@@ -1,0 +1,128 @@
+"""``show --follow`` follows a log by name, as ``tail -F`` does: rotations, new runs, truncation.
+
+The follower is driven poll by poll (no timing), and the command once in a
+subprocess across a rotation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from metricsync._logfollow import LogFollower
+from metricsync._logtail import tail
+from metricsync._tracker import Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _log(run_dir: Path, steps: dict[int, float]) -> Path:
+    with Tracker(run_dir=run_dir) as tracker:
+        for step, loss in steps.items():
+            tracker.log({"loss": loss}, step)
+    return run_dir / "metrics.jsonl"
+
+
+def _steps(records: list) -> list[tuple[int, dict[str, float]]]:
+    return [(r.step, r.values) for r in records if r.step is not None]
+
+
+def _follower(path: Path) -> LogFollower:
+    found = tail(path, 10)
+    return LogFollower(path, found.end, found.identity)
+
+
+def test_a_rotation_reads_the_rest_of_the_old_file_then_the_new_one(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0})
+    follower = _follower(path)
+    assert follower.poll() == ([], [])
+    _log(tmp_path, {2: 0.5})  # written after the last poll, before the rotation
+    path.rename(tmp_path / "metrics.jsonl.1")
+    _log(tmp_path, {1: 0.9, 2: 0.4})  # a new run at the same path
+    records, notes = follower.poll()
+    assert _steps(records) == [(2, {"loss": 0.5}), (1, {"loss": 0.9}), (2, {"loss": 0.4})]
+    assert notes == [f"{path}: a new file; following it from its start"]
+    _log(tmp_path, {3: 0.3})
+    assert _steps(follower.poll()[0]) == [(3, {"loss": 0.3})]
+    follower.close()
+
+
+def test_a_deleted_log_is_waited_for_and_read_when_it_comes_back(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0, 2: 0.5})
+    follower = _follower(path)
+    path.unlink()
+    records, notes = follower.poll()
+    assert records == [] and notes == [f"{path}: no such file any more; waiting for a new one"]
+    for _ in range(3):
+        assert follower.poll() == ([], [])  # said once
+    _log(tmp_path, {1: 0.7})
+    records, notes = follower.poll()
+    assert _steps(records) == [(1, {"loss": 0.7})] and "a new file" in notes[0]
+    follower.close()
+
+
+def test_a_log_truncated_in_place_is_read_from_its_start(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0, 2: 0.5, 3: 0.25})
+    follower = _follower(path)
+    inode = path.stat().st_ino
+    path.write_text('{"step": 1, "data": {"loss": 0.125}}\n')  # same file, shorter
+    assert path.stat().st_ino == inode
+    records, notes = follower.poll()
+    assert _steps(records) == [(1, {"loss": 0.125})]
+    assert notes == [f"{path}: truncated; following it from its start"]
+    follower.close()
+
+
+def test_a_line_being_written_waits_for_its_end(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0})
+    follower = _follower(path)
+    with path.open("ab") as f:
+        f.write(b'{"step": 2, "data": {"loss": 0.')
+        f.flush()
+        assert follower.poll() == ([], [])
+        f.write(b"5}}\n")
+    assert _steps(follower.poll()[0]) == [(2, {"loss": 0.5})]
+    follower.close()
+
+
+def test_a_log_replaced_before_following_starts_is_read_whole(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0, 2: 0.5, 3: 0.25})
+    found = tail(path, 1)
+    path.unlink()
+    _log(tmp_path, {7: 0.7})  # a new file, shorter or longer than the old end
+    follower = LogFollower(path, found.end, found.identity)
+    assert _steps(follower.poll()[0]) == [(7, {"loss": 0.7})]
+    follower.close()
+
+
+def test_show_follow_shows_the_new_run_after_a_rotation(tmp_path: Path) -> None:
+    path = _log(tmp_path, {1: 1.0})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "metricsync", "show", str(tmp_path), "-f", "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stdout is not None
+        first = [child.stdout.readline() for _ in range(3)]
+        assert first[2].split() == ["1", "1"]
+        path.rename(tmp_path / "metrics.jsonl.1")
+        time.sleep(0.5)  # several polls without a file (before: exit 1)
+        _log(tmp_path, {1: 0.75, 2: 0.5})
+        # before: nothing more (the new file read from the old one's end, or an error)
+        assert child.stdout.readline().split() == ["1", "0.75"]
+        assert child.stdout.readline().split() == ["2", "0.5"]
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+    assert child.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    new_file = f"metricsync: warning: {path}: a new file; following it from its start"
+    gone = f"metricsync: warning: {path}: no such file any more; waiting for a new one"
+    assert new_file in stderr.splitlines() and set(stderr.splitlines()) <= {gone, new_file}

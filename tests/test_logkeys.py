@@ -1,0 +1,182 @@
+"""Metric keys no log can hold (lone surrogates, megabytes of text): written and read as one name.
+
+The Tracker logs such a key under its cleaned name with a warning and the
+other keys of the step as given; ``show``, ``plot`` and ``compare`` read any
+log (the Tracker's, or one written by something else) with the same names,
+warning once and naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metricsync._logkeys import MAX_KEY_CHARS, clean_key
+from metricsync._logread import read_jsonl
+from metricsync._logtail import tail
+from metricsync._tracker import Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
+SURROGATE = "acc\ud800/top1"
+ESCAPED = "acc\\ud800/top1"  # the six characters backslash, u, d, 8, 0, 0
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    return subprocess.run(
+        [sys.executable, "-m", "metricsync", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def _foreign_log(path: Path, key_json: str, steps: int = 3) -> Path:
+    """A log as another writer would leave it: ``key_json`` is the key as JSON text."""
+    lines = [f'{{"metricsync": 1, "formats": {{{key_json}: null, "loss": ".3f"}}, "time": 0}}']
+    lines += [
+        f'{{"step": {s}, "time": 0, "values": {{{key_json}: {s}.5, "loss": {1 / s}}}}}'
+        for s in range(1, steps + 1)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="ascii")
+    return path
+
+
+@given(st.text(alphabet=st.characters(codec=None), max_size=40), st.integers(0, 3000))
+def test_cleaned_keys_are_utf8_bounded_and_stable(text: str, extra: int) -> None:
+    key = text + "x" * extra
+    cleaned = clean_key(key)
+    cleaned.encode("utf-8")  # no lone surrogate left
+    assert len(cleaned) <= MAX_KEY_CHARS
+    assert clean_key(cleaned) == cleaned  # readers clean what the writer cleaned: no change
+    if len(key) <= MAX_KEY_CHARS and "\\" not in key:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            assert cleaned != key
+        else:
+            assert cleaned == key  # a key any log holds is kept as it is
+
+
+def test_two_long_keys_sharing_their_start_stay_apart() -> None:
+    a, b = "k" * 5000 + "a", "k" * 5000 + "b"
+    assert clean_key(a) != clean_key(b)
+    assert clean_key(a)[:100] == "k" * 100
+
+
+def test_a_lone_surrogate_key_is_logged_escaped_with_the_other_keys(tmp_path: Path) -> None:
+    with (
+        pytest.warns(UserWarning, match=r"lone surrogate.*logged as"),
+        Tracker(("jsonl",), run_dir=tmp_path) as tracker,
+    ):
+        tracker.log({SURROGATE: 0.25, "loss": 0.5}, 1)
+        tracker.log({SURROGATE: 0.75, "loss": 0.25}, 2)
+    raw = (tmp_path / "metrics.jsonl").read_bytes()
+    raw.decode("utf-8")
+    assert b"\\ud800" not in raw.replace(b"\\\\ud800", b"")  # no JSON escape of a surrogate
+    _, steps = read_jsonl(tmp_path)
+    assert steps == [(1, {ESCAPED: 0.25, "loss": 0.5}), (2, {ESCAPED: 0.75, "loss": 0.25})]
+
+
+def test_show_and_plot_read_a_tracker_log_with_a_surrogate_key(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Tracker(run_dir=tmp_path) as tracker:
+            for step in (1, 2):
+                tracker.log({SURROGATE: step / 4, "loss": 1 / step}, step)
+    shown = run("show", str(tmp_path), "--format", "csv")
+    # before: exit 1, "'utf-8' codec can't encode character '\ud800'", naming nothing
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [f"step,{ESCAPED},loss", "1,0.25,1.0", "2,0.5,0.5"]
+    plotted = run("plot", str(tmp_path), "-o", str(tmp_path / "x.png"))
+    # before: a matplotlib traceback
+    assert plotted.returncode == 0, plotted.stderr
+    assert "Traceback" not in plotted.stderr and (tmp_path / "x.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", ["show", "show-last", "plot", "compare"])
+def test_a_foreign_log_with_a_surrogate_key_reads_with_one_warning(
+    tmp_path: Path, command: str
+) -> None:
+    if command == "plot":
+        pytest.importorskip("matplotlib")
+    path = _foreign_log(tmp_path / "m.jsonl", '"acc\\ud800/top1"')
+    args = {
+        "show": ["show", str(path), "--format", "csv"],
+        "show-last": ["show", str(path), "--last", "1", "--format", "csv"],
+        "plot": ["plot", str(path), "-o", str(tmp_path / "x.png")],
+        "compare": ["compare", str(path), str(path)],
+    }[command]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    warned = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warned) == 1 and str(path) in warned[0] and "lone surrogate" in warned[0]
+    if command == "show":
+        assert result.stdout.splitlines()[0] == f"step,{ESCAPED},loss"
+        assert result.stdout.splitlines()[3] == "3,3.5,0.3333333333333333"
+    if command == "compare":
+        assert ESCAPED in result.stdout
+
+
+def test_a_5_mb_key_reads_shortened_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from metricsync._plot_data import load_runs
+    from metricsync._plot_draw import TITLE_CHARS, build_figure
+
+    huge = "k" * 5_000_000
+    path = _foreign_log(tmp_path / "m.jsonl", json.dumps(huge), steps=4)
+    short = clean_key(huge)
+    with pytest.warns(UserWarning, match=r"m\.jsonl: a key of 5,000,000 characters"):
+        runs, keys = load_runs([path], None)
+    assert keys == [short, "loss"] and len(short) == MAX_KEY_CHARS
+    steps, values = runs[0].series[short]
+    assert steps.tolist() == [1, 2, 3, 4] and values.tolist() == [1.5, 2.5, 3.5, 4.5]
+    figure = build_figure(runs, keys)
+    titles = [ax.get_title() for ax in figure.get_axes()]
+    assert max(len(t) for t in titles) <= TITLE_CHARS and "loss" in titles
+    # the command line: the picture, one warning naming the file (before: killed at 300 s, 1 GB)
+    result = run("plot", str(path), "-o", str(tmp_path / "x.png"))
+    assert result.returncode == 0, result.stderr
+    [warning] = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert str(path) in warning and short[-9:] in warning and len(warning) < 300
+    missing = run("show", str(path), "--keys", "nope")  # the keys it lists are cut too
+    [error] = [line for line in missing.stderr.splitlines() if "error" in line]
+    assert missing.returncode == 1 and "available: kkk" in error and len(error) < 400
+    with pytest.warns(UserWarning, match="5,000,000"):
+        found = tail(path, 2)
+    assert [values for _, values in found.steps] == [
+        {short: 3.5, "loss": 1 / 3},
+        {short: 4.5, "loss": 0.25},
+    ]
+
+
+def test_the_tracker_shortens_an_overlong_key_and_logs_the_others(tmp_path: Path) -> None:
+    long = "actor/" + "x" * 100_000
+    with (
+        pytest.warns(UserWarning, match="a key of 100,006 characters"),
+        Tracker(("jsonl",), run_dir=tmp_path) as tracker,
+    ):
+        tracker.log({long: 1.0, "loss": 0.5}, 1)
+    _, steps = read_jsonl(tmp_path)
+    assert steps == [(1, {clean_key(long): 1.0, "loss": 0.5})]
+    assert os.path.getsize(tmp_path / "metrics.jsonl") < 4 * MAX_KEY_CHARS
+
+
+def test_keys_that_would_be_logged_as_one_name_are_refused_naming_both(tmp_path: Path) -> None:
+    with Tracker(("jsonl",), run_dir=tmp_path) as tracker:
+        with pytest.raises(ValueError, match=r"would both be logged as") as caught:
+            tracker.log({ESCAPED: 1.0, SURROGATE: 2.0}, 1)
+        assert "acc" in str(caught.value)
+        tracker.log({"loss": 0.5}, 2)
+    assert read_jsonl(tmp_path)[1] == [(2, {"loss": 0.5})]
