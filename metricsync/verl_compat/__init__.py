@@ -177,7 +177,7 @@ from typing import Any
 from ._controller import collect_metrics
 from ._dp import allgather_dict_into_dict, append_to_dict
 from ._install import Installation, install, is_installed, uninstall
-from ._metric import AggregationType, Metric
+from ._metric import AggregationType, Metric, WeightedMean
 from ._mixed import MixedMetricError
 from ._reduce import reduce_metrics
 from ._tokens import token_mean_metrics
@@ -189,6 +189,7 @@ __all__ = [
     "MixedMetricError",
     "Numeric",
     "NumericType",
+    "WeightedMean",
     "allgather_dict_into_dict",
     "append_to_dict",
     "collect_metrics",
