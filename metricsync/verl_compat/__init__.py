@@ -174,7 +174,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._controller import collect_metrics
+from ._controller import collect_metrics, collect_nd_metrics, make_nd_collect_metrics
 from ._dp import allgather_dict_into_dict, append_to_dict
 from ._install import Installation, install, is_installed, uninstall
 from ._metric import AggregationType, Metric, WeightedMean
@@ -193,8 +193,10 @@ __all__ = [
     "allgather_dict_into_dict",
     "append_to_dict",
     "collect_metrics",
+    "collect_nd_metrics",
     "install",
     "is_installed",
+    "make_nd_collect_metrics",
     "reduce_metrics",
     "token_mean_metrics",
     "uninstall",
