@@ -71,6 +71,9 @@ class WeightedMean(np.float64):
     >>> x = WeightedMean(0.25, weight=40)
     >>> x, x.weight, x + 1
     (np.float64(0.25), 40.0, np.float64(1.25))
+
+    A pickle of it is numpy's float64, without the weight: verl's worker
+    consumes it before anything crosses a process boundary.
     """
 
     weight: float
@@ -79,9 +82,6 @@ class WeightedMean(np.float64):
         obj = super().__new__(cls, value)
         obj.weight = float(weight)
         return obj
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (WeightedMean, (float(self), self.weight))
 
 
 class Metric:
