@@ -178,7 +178,10 @@ class Tracking:
                 made[name] = ms.Tracker((backend,), run_dir=directory, **run_options)
         except BaseException:
             self.logger = made
-            self.finish(exit_code=1)
+            try:  # noqa: SIM105 (the construction error is the one to raise)
+                self.finish(exit_code=1)
+            except Exception:
+                pass
             raise
         self.logger = made
         # Finish at exit before the backends' own exit hooks (registered earlier) run.
