@@ -38,6 +38,7 @@ from test_verl_token_mean import (  # noqa: E402
     micro_batch,
     model_output,
 )
+from verl.protocol import DataProto  # noqa: E402
 from verl.single_controller.base import Worker  # noqa: E402
 from verl.single_controller.base.decorator import (  # noqa: E402
     Dispatch,
@@ -50,7 +51,7 @@ from verl.single_controller.ray import (  # noqa: E402
     RayWorkerGroup,
 )
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]  # 4 workers start on a busy CPU
 DP, TP = 2, 2
 SPLITS = {"equal": [[2, 2], [2, 2]], "uneven": [[1, 3], [3, 2]]}  # [DP rank][mini-batch]
 SEEDS = [11, 12]  # per DP rank
@@ -91,12 +92,10 @@ class MeshWorker(Worker):
         if mode != "verl":
             vc.install(token_mean=mode == "token_mean")
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
-    def train(self, data: TensorDict) -> TensorDict | None:
+    def _flow(self, seed: int, counts: list[int], group: Any) -> dict[str, Any]:
         """verl's train_mini_batch and _postprocess_output, with the names verl's modules hold."""
         import torch.distributed as dist
         import verl.utils.py_functional as pf
-        import verl.utils.tensordict_utils as tu
         import verl.utils.torch_functional as tf
         from verl.utils.metric.utils import Metric
         from verl.workers.utils import losses
@@ -104,14 +103,14 @@ class MeshWorker(Worker):
         actor_cfg, critic_cfg = config()
         actor_loss = partial(losses.ppo_loss, config=actor_cfg)
         critic_loss = partial(losses.value_loss, config=critic_cfg)
-        counts = [int(n) for n in data["n_micro"][0].tolist()]
+        dp_size = dist.get_world_size(group)
         metrics: dict[str, Any] = {}
-        for mini in rank_batches(int(data["seed"][0]), counts):
+        for mini in rank_batches(seed, counts):
             tokens = torch.tensor(sum(int(b["mask"].sum()) for b in mini))
-            dist.all_reduce(tokens, group=self.dp_group)  # verl's global token count
+            dist.all_reduce(tokens, group=group)  # verl's global token count
             aggregated: dict[str, Any] = {}
             for b in mini:
-                td = loss_data(b, int(tokens), DP)
+                td = loss_data(b, int(tokens), dp_size)
                 out = {"log_probs": model_output(b, "new"), "values": model_output(b, "vpreds")}
                 pf.append_to_dict(
                     aggregated, actor_loss(model_output=out, data=td, dp_group=None)[1]
@@ -119,7 +118,7 @@ class MeshWorker(Worker):
                 pf.append_to_dict(
                     aggregated, critic_loss(model_output=out, data=td, dp_group=None)[1]
                 )
-            final = tf.allgather_dict_into_dict(data=aggregated, group=self.dp_group)
+            final = tf.allgather_dict_into_dict(data=aggregated, group=group)
             for key, val in final.items():
                 final[key] = (
                     Metric.aggregate_dp(val)
@@ -127,9 +126,41 @@ class MeshWorker(Worker):
                     else list(chain.from_iterable(val))
                 )
             pf.append_to_dict(metrics, final)
+        return metrics
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
+    def train(self, data: TensorDict) -> TensorDict | None:
+        import verl.utils.tensordict_utils as tu
+
+        counts = [int(n) for n in data["n_micro"][0].tolist()]
+        metrics = self._flow(int(data["seed"][0]), counts, self.dp_group)
         if self.tp_rank != 0:  # verl: only the ranks with outputs answer
             return None
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
+
+    # The other dispatch modes: every worker is a DP rank of the whole world.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def one_to_all(self, seeds: list[int], splits: list[list[int]]) -> dict[str, Any]:
+        return self._flow(seeds[self.rank], splits[self.rank], None)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def dp_compute(self, seed: int, counts: list[int]) -> dict[str, Any]:
+        return self._flow(seed, counts, None)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def dp_metric(self, data: DataProto) -> dict[str, Any]:
+        return self._flow(int(data.batch["seed"][0]), data.batch["n_micro"][0].tolist(), None)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def dp_proto(self, data: DataProto) -> DataProto:
+        metrics = self._flow(int(data.batch["seed"][0]), data.batch["n_micro"][0].tolist(), None)
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def dp_proto_func(self, func: Any, data: DataProto) -> DataProto:
+        seed = func(int(data.batch["seed"][0]))
+        metrics = self._flow(seed, data.batch["n_micro"][0].tolist(), None)
+        return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=vc.make_nd_collect_metrics("train"))
     def raw(self, data: TensorDict) -> ms.Metrics:
@@ -234,3 +265,41 @@ def test_nd_collect_metrics_counts_each_dp_rank_once(mesh: Any) -> None:
     kl = torch.cat([(b["old"] - b["new"])[b["mask"]] for b in every])
     assert got["tokens"] == float(kl.numel())  # a TP replica counted too would double it
     assert math.isclose(got["ppo_kl"], float(kl.mean()), rel_tol=1e-9)
+
+
+WORLD_SEEDS = [21, 22, 23, 24]
+WORLD_SPLIT = [[1, 2], [3, 1], [2, 2], [1, 3]]  # uneven micro-batch counts on 4 DP ranks
+
+
+def same_seed(seed: int) -> int:
+    """The function DP_COMPUTE_PROTO_WITH_FUNC ships to the workers."""
+    return seed
+
+
+@pytest.mark.parametrize(
+    "mode", ["ONE_TO_ALL", "DP_COMPUTE", "DP_COMPUTE_METRIC", "DP_COMPUTE_PROTO", "WITH_FUNC"]
+)
+def test_every_other_dispatch_mode_gives_global_token_means(mesh: Any, mode: str) -> None:
+    import verl.utils.metric.utils as vmu
+
+    mesh.switch("token_mean")
+    proto = DataProto.from_dict(
+        tensors={"seed": torch.tensor(WORLD_SEEDS), "n_micro": torch.tensor(WORLD_SPLIT)}
+    )
+    vc.uninstall()
+    with vc.install(token_mean=True):
+        if mode == "ONE_TO_ALL":
+            metrics = mesh.one_to_all(WORLD_SEEDS, WORLD_SPLIT)[0]  # every rank holds the group
+        elif mode == "DP_COMPUTE":
+            metrics = mesh.dp_compute(WORLD_SEEDS, WORLD_SPLIT)[0]
+        elif mode == "DP_COMPUTE_METRIC":
+            metrics = mesh.dp_metric(proto)[0]
+        elif mode == "DP_COMPUTE_PROTO":  # verl's concat lists the workers' copies of the group
+            metrics = mesh.dp_proto(proto).meta_info["metrics"]
+        else:
+            metrics = mesh.dp_proto_func(same_seed, proto).meta_info["metrics"]
+        got = {k: float(v) for k, v in vmu.reduce_metrics(metrics).items()}
+    data = [rank_batches(seed, counts) for seed, counts in zip(WORLD_SEEDS, WORLD_SPLIT)]
+    truth = brute_force(data)
+    for key in TOKEN_MEANS:
+        assert math.isclose(got[key], truth[key], rel_tol=1e-6), (key, got[key], truth[key])
