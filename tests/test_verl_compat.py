@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 # One list of micro-batch values per DP rank; ranks hold different numbers of values.
-ranks_of_values = st.lists(st.lists(finite, min_size=1, max_size=6), min_size=1, max_size=5)
+ranks_of_values = st.lists(st.lists(finite, min_size=0, max_size=6), min_size=1, max_size=5)
 
 
 def close(a: float, b: float) -> bool:
@@ -56,21 +56,64 @@ def test_equal_micro_batch_counts_match_verl(kind: str, expected: float) -> None
 @settings(max_examples=60, deadline=None)
 @given(ranks_of_values)
 def test_unequal_micro_batch_counts_against_brute_force(per_rank: list[list[float]]) -> None:
-    flat = np.concatenate([np.array(v) for v in per_rank])
-    expected = {
-        "sum": float(np.mean([np.sum(v) for v in per_rank])),
-        "mean": float(np.mean(flat)),
-        "min": float(np.min(flat)),
-        "max": float(np.max(flat)),
-    }
+    flat = [v for values in per_rank for v in values]
+    expected = {"sum": float(np.mean([np.sum(v) for v in per_rank]))}  # an empty rank sums to 0
+    if flat:
+        expected.update(min=float(np.min(flat)), max=float(np.max(flat)))
+    counts = {len(values) for values in per_rank if values}
+    if len(counts) == 1:  # ranks holding values hold the same number: the mean of them all
+        expected["mean"] = float(np.mean(flat))
     for kind, want in expected.items():
         got = Metric.aggregate_dp(dp_metrics(kind, per_rank))
         assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-6), (kind, got, want)
+    if len(counts) > 1:  # an unweighted MEAN: verl raises, and so does this (no third number)
+        with pytest.raises(ValueError, match="different numbers of values"):
+            Metric.aggregate_dp(dp_metrics("mean", per_rank))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(finite, st.integers(0, 50)), min_size=0, max_size=6),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_weighted_mean_of_uneven_ranks_is_the_token_mean(
+    per_rank: list[list[tuple[float, int]]],
+) -> None:
+    # (micro-batch token mean, its token count) per micro-batch: the oracle is the token mean.
+    ranks = []
+    for batches in per_rank:
+        m = Metric("mean")
+        for value, tokens in batches:
+            m.append(value, weight=tokens)
+        ranks.append(m)
+    tokens = sum(t for batches in per_rank for _, t in batches)
+    got = Metric.aggregate_dp(ranks)
+    if not tokens:
+        assert math.isnan(got)
+        return
+    want = sum(v * t for batches in per_rank for v, t in batches) / tokens
+    assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-6)
+    assert isinstance(got, vc.WeightedMean) and got.weight == tokens
 
 
 def test_unequal_counts_sum_is_mean_of_rank_sums() -> None:
     # verl's array form raises here; the rank sums are 3 and 12.
     assert Metric.aggregate_dp(dp_metrics("sum", [[1.0, 2.0], [3.0, 4.0, 5.0]])) == 7.5
+
+
+def test_an_empty_rank_sums_to_zero_and_counts() -> None:
+    # The documented rule: the mean of the rank sums, an empty sum 0.0 (before: 7.0).
+    assert Metric.aggregate_dp(dp_metrics("sum", [[], [3.0, 4.0]])) == 3.5
+
+
+def test_uneven_unweighted_mean_names_the_metric_and_counts() -> None:
+    gathered = vc.allgather_dict_into_dict({"actor/ppo_kl": Metric("mean", [0.1, 0.2])})
+    assert float(Metric.aggregate_dp(gathered["actor/ppo_kl"])) == pytest.approx(0.15)
+    with pytest.raises(ValueError, match=r"\[2, 3\]"):
+        Metric.aggregate_dp(dp_metrics("mean", [[1.0, 2.0], [3.0, 4.0, 5.0]]))
 
 
 def _ppo_batches(seed: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -119,8 +162,12 @@ def test_token_weighted_mean_survives_aggregate_dp(seed: int) -> None:
     assert close(Metric.aggregate_dp(scaled), truth)
     assert close(Metric.aggregate_dp(weighted), truth)
     assert close(Metric.aggregate_dp(sums) / Metric.aggregate_dp(counts), truth)
-    # The oracle can tell a mean of means from the token mean on this data.
-    assert not close(Metric.aggregate_dp(naive), truth)
+    # The oracle can tell a mean of means from the token mean on this data ...
+    means = [float(m) for r in ranks for m in naive[ranks.index(r)].values]
+    assert not close(float(np.mean(means)), truth)
+    # ... and that mean of means, on uneven ranks, is refused rather than returned.
+    with pytest.raises(ValueError, match="different numbers of values"):
+        Metric.aggregate_dp(naive)
 
 
 def test_weights_and_masks_of_zero_are_ignored_by_min_max() -> None:

@@ -40,11 +40,16 @@ def micro_batch_metrics(rank: int, mini: int, micro: int) -> dict[str, float]:
         "ppo_kl": float(rng.uniform(0.0, 0.1)),  # MEAN Metric
         "kl_coef": 0.001 * (1 + rank),  # a plain float: verl's key rule (mean)
         "ratio_max": float(rng.uniform(1.0, 2.0)),  # a plain float: key rule max
+        "tokens": float(rng.integers(0, 40)),  # the micro-batch's valid tokens (token_mean)
     }
 
 
 def run_actor_update(
-    ns: SimpleNamespace, gather: Callable[..., Any], rank: int, counts: list[int]
+    ns: SimpleNamespace,
+    gather: Callable[..., Any],
+    rank: int,
+    counts: list[int],
+    weighted: bool = False,
 ) -> dict[str, float]:
     """verl 0.9.1's worker flow: per micro-batch append_to_dict, per mini-batch a DP gather and
     aggregate_dp, append_to_dict over mini-batches, then reduce_metrics on the driver."""
@@ -55,7 +60,15 @@ def run_actor_update(
             raw = micro_batch_metrics(rank, mini, micro)
             out: dict[str, Any] = {
                 "actor/pg_loss": ns.Metric(ns.AggregationType.SUM, raw["pg_loss"]),
-                **ns.Metric.from_dict({"actor/ppo_kl": raw["ppo_kl"]}, aggregation="mean"),
+                # with token_mean, verl's policy loss hands a Metric weighted by its mask's sum
+                **ns.Metric.from_dict(
+                    {
+                        "actor/ppo_kl": ns.Metric("mean", raw["ppo_kl"], weight=raw["tokens"])
+                        if weighted
+                        else raw["ppo_kl"]
+                    },
+                    aggregation="mean",
+                ),
                 "kl_coef": raw["kl_coef"],
                 "actor/ratio_max": raw["ratio_max"],
             }
@@ -71,7 +84,7 @@ def run_actor_update(
     return {k: float(v) for k, v in ns.reduce_metrics(metrics).items()}
 
 
-def brute_force(n_micro: list[list[int]]) -> dict[str, float]:
+def brute_force(n_micro: list[list[int]], weighted: bool = False) -> dict[str, float]:
     world, minis = len(n_micro), len(n_micro[0])
     raw = [
         [[micro_batch_metrics(r, m, i) for i in range(n_micro[r][m])] for m in range(minis)]
@@ -82,9 +95,11 @@ def brute_force(n_micro: list[list[int]]) -> dict[str, float]:
         pg.append(np.mean([sum(x["pg_loss"] for x in raw[r][m]) for r in range(world)]))
         kl.append(np.mean([x["ppo_kl"] for r in range(world) for x in raw[r][m]]))
     every = [x for r in range(world) for m in range(minis) for x in raw[r][m]]
+    tokens = sum(x["tokens"] for x in every)
+    token_mean = sum(x["ppo_kl"] * x["tokens"] for x in every) / tokens
     return {
         "actor/pg_loss": float(np.mean(pg)),
-        "actor/ppo_kl": float(np.mean(kl)),
+        "actor/ppo_kl": token_mean if weighted else float(np.mean(kl)),
         "kl_coef": float(np.mean([x["kl_coef"] for x in every])),
         "actor/ratio_max": float(max(x["ratio_max"] for x in every)),
     }
@@ -124,7 +139,8 @@ def _dp_rank(rank: int, world_size: int) -> dict[str, Any]:
 
     ms.Metrics.sync = counting_sync  # type: ignore[method-assign]
     dist.all_gather_object = no_pickle
-    with vc.install():  # verl's own names now resolve to metricsync
+    # verl's own names now resolve to metricsync (the loss functions are not used here)
+    with vc.install(token_mean=False):
         switched = SimpleNamespace(
             Metric=vmu.Metric,
             AggregationType=vmu.AggregationType,
@@ -132,9 +148,17 @@ def _dp_rank(rank: int, world_size: int) -> dict[str, Any]:
             append_to_dict=pf.append_to_dict,
         )
         assert switched.Metric is vc.Metric
-        for case, counts in N_MICRO.items():
-            out[f"ours {case}"] = run_actor_update(
-                switched, tf.allgather_dict_into_dict, rank, counts[rank]
+        out["ours equal"] = run_actor_update(
+            switched, tf.allgather_dict_into_dict, rank, N_MICRO["equal"][rank]
+        )
+        try:  # an unweighted MEAN on uneven micro-batch counts: raises as verl does
+            run_actor_update(switched, tf.allgather_dict_into_dict, rank, N_MICRO["unequal"][rank])
+            out["ours unequal"] = "ran"
+        except ValueError as exc:
+            out["ours unequal"] = str(exc)
+        for case, counts in N_MICRO.items():  # token-weighted: the token mean on any split
+            out[f"weighted {case}"] = run_actor_update(
+                switched, tf.allgather_dict_into_dict, rank, counts[rank], weighted=True
             )
         out["syncs"] = len(syncs)
         # a key only one rank holds comes back on every rank
@@ -177,7 +201,8 @@ def test_verl_dp_path_runs_as_one_sync_per_gather() -> None:
     results = testing.run_distributed(_dp_rank, world_size=2, timeout=120.0)
     for got in results:  # identical on both ranks
         assert got["verl unequal"] == "raises"
-        assert got["syncs"] == 2 * len(N_MICRO)  # one per mini-batch gather, nothing else
+        # one per mini-batch gather: equal, unequal (raises after its first), weighted both
+        assert got["syncs"] == 2 + 1 + 2 * len(N_MICRO)
         assert got["only_rank1"] == 5.0  # the SUM of the one rank holding it
         assert got["disagree"] == "SpecMismatchError"
         # before: score 11.0 (score/mean's max read as its mean), len/count's sum as
@@ -192,11 +217,17 @@ def test_verl_dp_path_runs_as_one_sync_per_gather() -> None:
             "eval/acc": 3.0,
         }
         assert got["mtp"] == 1.0  # the mean of 0.5 and 1.5 (before: TypeError)
+        # before: a mean of micro-batch means, with no error
+        assert "'actor/ppo_kl'" in got["ours unequal"] and "[2 to 3]" in got["ours unequal"]
+        want = brute_force(N_MICRO["equal"])
+        assert got["ours equal"].keys() == want.keys()
+        for key, value in want.items():
+            assert math.isclose(got["ours equal"][key], value, rel_tol=1e-9), key
         for case in N_MICRO:
-            want = brute_force(N_MICRO[case])
-            assert got[f"ours {case}"].keys() == want.keys()
+            want = brute_force(N_MICRO[case], weighted=True)
+            assert got[f"weighted {case}"].keys() == want.keys()
             for key, value in want.items():
-                assert math.isclose(got[f"ours {case}"][key], value, rel_tol=1e-9), (case, key)
+                assert math.isclose(got[f"weighted {case}"][key], value, rel_tol=1e-9), (case, key)
         for key, value in got["verl equal"].items():  # where verl runs, the same numbers
             assert math.isclose(got["ours equal"][key], value, rel_tol=1e-9), key
 
@@ -215,7 +246,7 @@ def test_a_verl_metric_made_before_install_aggregates_as_before() -> None:
 
 def test_verl_dp_path_in_one_process_matches_brute_force() -> None:
     assert not vc.is_installed()
-    with vc.install():
+    with vc.install(token_mean=False):
         switched = SimpleNamespace(
             Metric=vmu.Metric,
             AggregationType=vmu.AggregationType,

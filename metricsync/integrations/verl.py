@@ -1,30 +1,42 @@
 """verl's ``Tracking`` interface, writing through metricsync's backends and formats.
 
 verl's trainers build ``Tracking(project_name, experiment_name,
-default_backend, config)`` and call ``.log(data=metrics, step=step)`` once per
-step. :class:`Tracking` takes the same arguments and keeps the same
-behaviour, so it can replace verl's class: call :func:`install` before the
-trainer runs, or construct it yourself. It does not import verl.
+default_backend, config)``, call ``.log(data=metrics, step=step)`` once per
+step and ``.finish(exit_code=...)`` at the end. :class:`Tracking` takes the
+same arguments and keeps the same behaviour, so it can replace verl's class:
+call :func:`install` before the trainer runs, or construct it yourself. It
+imports verl only for verl's own backends.
 
-- ``default_backend`` is a name or a list of names. verl's names map to
-  metricsync's backends: ``console``, ``tensorboard``, ``wandb``, ``mlflow``
-  (and ``tracking``, verl's deprecated alias of ``wandb``); metricsync's own
-  names (``jsonl``) work too, and so does any name the Tracker accepts
-  (``swanlab``, ``trackio`` where metricsync has them).
+- ``default_backend`` is a name or a list of names; every name verl 0.9.1
+  accepts works. ``console``, ``tensorboard``, ``wandb``, ``mlflow``,
+  ``swanlab`` and ``trackio`` (and ``tracking``, verl's deprecated alias of
+  ``wandb``) go through metricsync's backends, as do metricsync's own names
+  (``jsonl``, registered backends). verl's other backends (``file``,
+  ``clearml``, ``vemlp_wandb``, ``rl_insight``: :data:`VERL_BACKENDS`) run
+  verl's own code, which needs verl installed (a clear
+  ``ModuleNotFoundError`` otherwise).
 - ``project_name`` and ``experiment_name`` become the W&B project and run
   name, the MLflow experiment and run name; ``config`` goes to the backends
-  that take a run configuration (W&B today).
+  that take a run configuration.
 - TensorBoard writes where verl's does: ``$TENSORBOARD_DIR``, else
-  ``tensorboard_log/<project>/<experiment>``. The other file backends write
-  under ``run_dir`` (default ``runs/<project>/<experiment>``).
+  ``tensorboard_log/<project>/<experiment>``; verl's ``file`` backend writes
+  where verl's does (``$VERL_FILE_LOGGER_PATH``, else
+  ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``). metricsync's file
+  backends write under ``run_dir`` (default ``runs/<project>/<experiment>``).
 - ``specs`` (metricsync specs by key or glob) give each logged key its
   format: ``{"timing_s/*": Spec(fmt=".3f"), "actor/lr": Spec(fmt=".2e")}``.
   Keys without one get the adaptive format, so a learning rate never prints
   as ``0.000``.
-- ``log(data, step, backend=None)`` takes verl's dict of numbers (a
+- ``log(data, step, backend=None)`` takes verl's dict (a
   :class:`metricsync.Metrics` works too); ``backend`` limits the step to some
-  of the backends, as in verl. Values that are not one number (tables,
-  strings) are skipped with one warning per key.
+  of the backends, as in verl. verl's own backends get the dict as it is
+  (strings, lists and booleans included, as verl gives them); metricsync's
+  get its numbers, booleans as 0 or 1, and skip the other values with one
+  warning per key.
+- ``finish(exit_code=0)`` closes every backend once; verl's own backends get
+  the exit code. A Tracking left open is finished when the interpreter
+  exits, before the backends' own exit hooks run, never from a finalizer
+  during shutdown (where W&B's client hangs).
 
 >>> import tempfile
 >>> import metricsync as ms
@@ -35,16 +47,19 @@ trainer runs, or construct it yourself. It does not import verl.
 >>> tracking.log({"actor/pg_loss": 0.0123, "timing_s/gen": 12.5, "actor/lr": 1e-6}, step=1)
 step 1 | actor/pg_loss   0.0123  actor/lr 1.00e-06  timing_s/gen   12.500
 >>> tracking.log({"actor/pg_loss": 0.02}, step=2, backend=["jsonl"])   # console skipped
->>> tracking.finish()
+>>> tracking.finish(exit_code=0)
 """
 
 from __future__ import annotations
 
-import contextlib
+import atexit
+import functools
+import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,7 +68,7 @@ import metricsync as ms
 
 from ._common import is_scalar
 
-__all__ = ["BACKEND_NAMES", "Tracking", "install", "uninstall"]
+__all__ = ["BACKEND_NAMES", "VERL_BACKENDS", "Tracking", "install", "uninstall"]
 
 BACKEND_NAMES: dict[str, str] = {
     "console": "console",
@@ -67,23 +82,33 @@ BACKEND_NAMES: dict[str, str] = {
 }
 """verl's backend names and the metricsync backend each maps to; other names pass through."""
 
+VERL_BACKENDS: tuple[str, ...] = ("clearml", "file", "rl_insight", "vemlp_wandb")
+"""verl 0.9.1's backends that metricsync does not implement: run by verl's own code."""
+
 
 class Tracking:
-    """A drop-in for verl's ``Tracking``: one metricsync Tracker per backend name.
+    """A drop-in for verl's ``Tracking``: one backend per name, metricsync's or verl's.
 
     Args:
         project_name: verl's ``trainer.project_name``.
         experiment_name: verl's ``trainer.experiment_name``.
         default_backend: a backend name or a list of them (``trainer.logger``).
         config: the run configuration (verl passes its whole config as a dict).
-        run_dir: where file backends write; ``runs/<project>/<experiment>`` by default.
+        run_dir: where metricsync's file backends write;
+            ``runs/<project>/<experiment>`` by default.
         specs: metricsync specs (by key or glob) whose ``fmt`` formats the keys logged.
         **options: more :class:`metricsync.Tracker` options (``console_keys``,
             ``mode`` for W&B, ``tracking_uri`` for MLflow, ...).
 
-    Only rank 0 writes (each Tracker's rule). ``logger`` maps each verl backend
-    name to its :class:`metricsync.Tracker`, as verl's ``logger`` maps names
-    to its loggers.
+    Raises:
+        ModuleNotFoundError: a backend's package (verl for :data:`VERL_BACKENDS`,
+            or the package verl's backend imports) is not installed.
+        ValueError: a name neither metricsync nor verl knows.
+
+    Only rank 0 writes through metricsync's backends (each Tracker's rule).
+    ``logger`` maps each backend name to its :class:`metricsync.Tracker`, or
+    to verl's own logger object for :data:`VERL_BACKENDS`, as verl's
+    ``logger`` maps names to its loggers.
 
     >>> import tempfile
     >>> with Tracking("p", "e", "jsonl", run_dir=tempfile.mkdtemp()) as tracking:
@@ -92,7 +117,7 @@ class Tracking:
     ['jsonl']
     """
 
-    supported_backend = sorted(BACKEND_NAMES)
+    supported_backend = sorted({*BACKEND_NAMES, *VERL_BACKENDS})
 
     def __init__(
         self,
@@ -105,6 +130,9 @@ class Tracking:
         specs: Mapping[str, ms.Spec] | None = None,
         **options: Any,
     ) -> None:
+        self.logger: dict[str, Any] = {}
+        self._verl: dict[str, Any] = {}  # name -> verl's own Tracking running that backend
+        self._finished = False
         names = [default_backend] if isinstance(default_backend, str) else list(default_backend)
         for name in names:
             if not isinstance(name, str):
@@ -123,7 +151,6 @@ class Tracking:
         )
         self._formats = ms.Metrics(dict(specs or {}))  # resolves a key's spec, holds nothing
         self._skipped: set[str] = set()
-        self.logger: dict[str, ms.Tracker] = {}
         run_options: dict[str, Any] = {
             "project": project_name,
             "name": experiment_name,
@@ -132,10 +159,15 @@ class Tracking:
         if self.config is not None:
             run_options["config"] = self.config  # where the Tracker's own config= will go
         run_options.update(options)
+        made: dict[str, Any] = {}
         try:
             for name in dict.fromkeys(names):
+                if name in VERL_BACKENDS:
+                    self._verl[name] = _verl_backend(name, project_name, experiment_name, config)
+                    made[name] = self._verl[name].logger[name]
+                    continue
                 backend = BACKEND_NAMES.get(name, name)
-                if any(self.logger_backend(other) == backend for other in self.logger):
+                if any(self.logger_backend(other) == backend for other in made):
                     continue  # "tracking" and "wandb" together: one W&B run
                 directory = self.run_dir
                 if backend == "tensorboard":
@@ -143,14 +175,22 @@ class Tracking:
                         os.environ.get("TENSORBOARD_DIR")
                         or Path("tensorboard_log") / project_name / experiment_name
                     )
-                self.logger[name] = ms.Tracker((backend,), run_dir=directory, **run_options)
+                made[name] = ms.Tracker((backend,), run_dir=directory, **run_options)
         except BaseException:
-            self.finish()
+            self.logger = made
+            try:  # noqa: SIM105 (the construction error is the one to raise)
+                self.finish(exit_code=1)
+            except Exception:
+                pass
             raise
+        self.logger = made
+        # Finish at exit before the backends' own exit hooks (registered earlier) run.
+        self._at_exit: Callable[[], None] = functools.partial(_finish_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     @staticmethod
     def logger_backend(name: str) -> str:
-        """The metricsync backend a verl backend name maps to.
+        """The metricsync backend a verl backend name maps to (verl's own: the name).
 
         >>> Tracking.logger_backend("tracking"), Tracking.logger_backend("jsonl")
         ('wandb', 'jsonl')
@@ -161,12 +201,15 @@ class Tracking:
         """``data``'s numbers as a Metrics whose compute() gives them back, with their formats."""
         out = ms.Metrics()
         for key, value in data.items():
-            if not isinstance(key, str) or not is_scalar(value):
+            flag = _flag(value)
+            if flag is not None:
+                value = flag
+            elif not isinstance(key, str) or not is_scalar(value):
                 if key not in self._skipped:
                     self._skipped.add(key)
                     warnings.warn(
-                        f"metricsync: verl Tracking skips {key!r}: expected one number, got "
-                        f"{type(value).__name__}",
+                        f"metricsync: verl Tracking skips {key!r} on metricsync's backends: "
+                        f"expected one number, got {type(value).__name__}",
                         UserWarning,
                         stacklevel=3,
                     )
@@ -176,30 +219,54 @@ class Tracking:
         return out
 
     def log(self, data: Any, step: int, backend: Iterable[str] | None = None) -> None:
-        """Log ``data`` (a dict of numbers or a Metrics) at ``step`` to each backend.
+        """Log ``data`` (verl's dict, or a Metrics) at ``step`` to each backend.
 
         ``backend`` (a collection of names) limits the step to those backends.
+        verl's own backends get the dict as given; metricsync's its numbers.
         """
         chosen = [
-            (name, tracker)
-            for name, tracker in self.logger.items()
+            (name, logger)
+            for name, logger in self.logger.items()
             if backend is None or name in backend
         ]
         if not chosen:
             return
-        if isinstance(data, ms.Metrics):
-            metrics = data
-        elif isinstance(data, Mapping):
-            metrics = self._as_metrics(data)
-        else:
-            raise TypeError(f"expected a dict of numbers or a Metrics, got {type(data).__name__}")
-        for _, tracker in chosen:
-            tracker.log(metrics, step=step)
+        if not isinstance(data, (ms.Metrics, Mapping)):
+            raise TypeError(f"expected a dict or a Metrics, got {type(data).__name__}")
+        metrics: ms.Metrics | None = None
+        for name, logger in chosen:
+            if name in self._verl:
+                logger.log(data=data.compute() if isinstance(data, ms.Metrics) else data, step=step)
+                continue
+            if metrics is None:
+                metrics = data if isinstance(data, ms.Metrics) else self._as_metrics(data)
+            logger.log(metrics, step=step)
 
-    def finish(self) -> None:
-        """Close every backend; calling it again does nothing."""
-        for tracker in self.logger.values():
-            tracker.close()
+    def finish(self, exit_code: int = 0) -> None:
+        """Close every backend once (verl's own get ``exit_code``); calling it again does nothing.
+
+        Every backend is closed even if one fails; the first failure is raised after.
+        """
+        if getattr(self, "_finished", True):
+            return
+        self._finished = True
+        at_exit = getattr(self, "_at_exit", None)
+        if at_exit is not None:
+            atexit.unregister(at_exit)
+        error: BaseException | None = None
+        for name, logger in self.logger.items():
+            try:
+                if name in self._verl:
+                    self._verl[name].finish(exit_code=exit_code)
+                else:
+                    logger.close()
+            except Exception as exc:
+                error = error or exc
+        for name, verl_tracking in self._verl.items():  # made before a later backend failed
+            if name not in self.logger:
+                verl_tracking.finish(exit_code=exit_code)
+        if error is not None:
+            raise error
 
     close = finish
 
@@ -212,17 +279,62 @@ class Tracking:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.finish()
+        self.finish(exit_code=0 if exc_type is None else 1)
 
-    def __del__(self) -> None:  # verl's Tracking finishes its runs when collected
-        with contextlib.suppress(Exception):
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        # verl's Tracking finishes its runs when collected. During interpreter shutdown the
+        # exit hook has done it, and the backends' clients may be gone: touch nothing.
+        if _finalizing():
+            return
+        try:  # noqa: SIM105 (no module global here: contextlib may be gone at exit)
             self.finish()
+        except Exception:
+            pass
 
     def __repr__(self) -> str:
         return (
             f"Tracking(project_name={self.project_name!r}, experiment_name="
             f"{self.experiment_name!r}, backends={list(self.logger)!r})"
         )
+
+
+def _finish_at_exit(ref: weakref.ref[Tracking]) -> None:
+    tracking = ref()
+    if tracking is not None:
+        tracking.finish()
+
+
+def _flag(value: object) -> float | None:
+    """A boolean (Python, numpy or a 0-d tensor) as 1.0 or 0.0; None for anything else."""
+    if isinstance(value, bool):
+        return float(value)
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    is_zero_d = dtype is not None and shape is not None and len(tuple(shape)) == 0
+    if is_zero_d and str(dtype) in ("bool", "torch.bool"):
+        return float(bool(value))
+    return None
+
+
+def _verl_backend(name: str, project_name: str, experiment_name: str, config: Any) -> Any:
+    """verl's own ``Tracking`` running the one backend ``name`` (a :data:`VERL_BACKENDS` name)."""
+    verl_class = _original.get("class")
+    if verl_class is None:
+        try:
+            verl_class = importlib.import_module("verl.utils.tracking").Tracking
+        except ImportError as exc:
+            raise ModuleNotFoundError(
+                f"metricsync.integrations.verl.Tracking: the {name!r} backend is verl's own "
+                f"code, and verl cannot be imported ({exc}); install verl, or use metricsync's "
+                f"backends ({', '.join(sorted(BACKEND_NAMES))})",
+                name="verl",
+            ) from exc
+    try:
+        return verl_class(project_name, experiment_name, [name], config)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"verl's {name!r} backend needs the {exc.name} package, which is not installed ({exc})",
+            name=exc.name,
+        ) from exc
 
 
 _original: dict[str, Any] = {}

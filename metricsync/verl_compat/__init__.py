@@ -48,6 +48,22 @@ Meaning of the aggregation types, as in verl:
 >>> Metric.aggregate_dp(ranks)           # mean of the rank sums 3 and 12
 np.float64(7.5)
 
+Token means
+-----------
+
+verl computes ``actor/ppo_kl``, ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``,
+``critic/vf_clipfrac`` and ``critic/vpred_mean`` as a ``masked_mean`` per
+micro-batch and records them as ``MEAN`` metrics of equal weight: its number
+is a mean of micro-batch means, not the token mean the name promises, and
+verl raises when DP ranks run different numbers of micro-batches.
+:func:`install` (``token_mean=True``, the default) wraps verl's policy losses
+and ``value_loss`` so that each of these values carries its micro-batch's
+valid-token count (``response_mask.sum()``) as its weight: the logged value
+is then the global token mean over micro-batches, mini-batches and DP ranks,
+whatever the split. ``install(token_mean=False)`` keeps verl's numbers, and
+raises where verl raises (an unweighted ``MEAN`` whose ranks hold different
+numbers of values), naming the key and the counts.
+
 Single controller
 -----------------
 
@@ -57,7 +73,18 @@ Ray workers return a :class:`metricsync.Metrics` (or ``None``) from any
 of a custom dispatch mode where verl's own collect function would
 concatenate ``DataProto`` outputs. After an in-worker ``sync``, return the
 result from one rank only (the others return ``None``), or it is counted
-once per rank.
+once per rank. For verl's nd mesh dispatch (its engine workers'
+``make_nd_compute_dataproto_dispatch_fn(mesh_name)``), register with
+:func:`make_nd_collect_metrics` ``(mesh_name)``: the same dispatch, and a
+collect that keeps only the workers verl's collect mask marks (one per DP
+rank), so TP/PP replicas count once. verl's own engine glue (the DP gather
+inside the worker, then verl's collect) is covered by :func:`install`.
+
+After :func:`install`, what a worker returns may hold this package's
+``Metric`` (for instance ``kl_coef``, a plain value that the switched DP
+gather returns as a ``Metric``). A driver that did not switch cannot read it
+right: numpy, ``float()``, iteration or ``values`` on such a ``Metric`` raise
+:class:`MixedMetricError` with the advice to call :func:`install` there too.
 
 Token-weighted actor metrics: :func:`token_mean_metrics` (see its module for
 the recipe inside verl's ``ppo_loss``).
@@ -80,10 +107,14 @@ mismatches in ``extend`` raise ``ValueError``. The differences are deliberate:
      - why
    * - ``aggregate_dp`` over ranks holding different numbers of values
      - ``ValueError``
-     - ``SUM``: mean of the rank sums; ``MEAN``: mean of every value;
-       ``MIN``/``MAX``: over every value; ranks without values left out
-     - the right number; uneven micro-batch counts are normal (dynamic
-       batch sizes, uneven data)
+     - ``SUM``: mean of the rank sums (a rank without values sums to 0.0);
+       weighted ``MEAN``: the weighted mean of every value (a
+       :class:`WeightedMean`); ``MIN``/``MAX``: over every value; an
+       unweighted ``MEAN`` raises ``ValueError`` as verl does, naming the key
+       and the counts
+     - the right number where there is one; uneven micro-batch counts are
+       normal (dynamic batch sizes, uneven data), but a mean of micro-batch
+       means without token counts has no right answer
    * - ``aggregate_dp`` over ranks whose aggregation types differ
      - uses the first rank's type
      - ``ValueError``
@@ -117,8 +148,17 @@ mismatches in ``extend`` raise ``ValueError``. The differences are deliberate:
    * - weights
      - none
      - ``append(v, weight=w)``, ``from_dict(..., weight=w)``,
-       :func:`token_mean_metrics`
+       :func:`token_mean_metrics`, ``install(token_mean=True)``
      - token-weighted means
+   * - ``actor/ppo_kl``, ``pg_clipfrac``, ``pg_clipfrac_lower``,
+       ``critic/vf_clipfrac``, ``vpred_mean`` after ``install()``
+     - mean of micro-batch means
+     - global token mean (``token_mean=False``: verl's number)
+     - the number the name promises, on any split
+   * - ``metric[0]`` of a gathered single value
+     - (verl: a float, not subscriptable)
+     - the metric
+     - verl's MTP-loss lines read every form
    * - ``reduce_metrics`` on a list of ``Metric`` objects
      - numpy fails
      - ``MEAN``/``MIN``/``MAX`` pooled; ``SUM`` raises (ambiguous)
@@ -163,8 +203,11 @@ constant-size.
 
 Limits: verl's own functions cannot be changed without :func:`install`; in
 particular verl's ``Metric.aggregate_dp``, if handed this package's metrics,
-reads their ``values`` and ignores weights. verl's nd-dispatch collect (its
-engine workers' ``make_nd_compute_dataproto_dispatch_fn``) is not covered. A
+reads their ``values`` and ignores weights (a ``Metric`` that crossed from a
+switched process raises :class:`MixedMetricError` there instead). Policy
+losses registered after :func:`install`, and a ``value_loss`` bound (by
+``functools.partial``) before it, are not weighted; verl's ``ppo_loss``
+finds its policy loss at each call, so it is weighted however it was bound. A
 verl ``Metric`` made before :func:`install` still aggregates in verl's own
 code (the two ``AggregationType`` enums' members of one value are equal),
 but pickling it, or extending it with this package's metrics, fails.
@@ -174,10 +217,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._controller import collect_metrics
+from ._controller import collect_metrics, collect_nd_metrics, make_nd_collect_metrics
 from ._dp import allgather_dict_into_dict, append_to_dict
 from ._install import Installation, install, is_installed, uninstall
-from ._metric import AggregationType, Metric
+from ._metric import AggregationType, Metric, WeightedMean
 from ._mixed import MixedMetricError
 from ._reduce import reduce_metrics
 from ._tokens import token_mean_metrics
@@ -189,11 +232,14 @@ __all__ = [
     "MixedMetricError",
     "Numeric",
     "NumericType",
+    "WeightedMean",
     "allgather_dict_into_dict",
     "append_to_dict",
     "collect_metrics",
+    "collect_nd_metrics",
     "install",
     "is_installed",
+    "make_nd_collect_metrics",
     "reduce_metrics",
     "token_mean_metrics",
     "uninstall",

@@ -10,15 +10,28 @@ list (one per worker, which ``metricsync.collect`` and
 :func:`~metricsync.verl_compat.reduce_metrics` merge), and one directly under
 ``meta_info[name]`` fails verl's equality check. :func:`collect_metrics` merges
 both forms.
+
+verl 0.9.1's engine workers register ``train_batch``/``train_mini_batch`` with
+``make_nd_compute_dataproto_dispatch_fn(mesh_name)``: the data goes to each
+worker by its DP rank in a DP x TP x PP mesh, and the collect keeps only the
+workers its collect mask marks (one per DP rank). There the metrics reach the
+driver through verl's own glue: each worker gathers its metrics dict over its
+DP group (``allgather_dict_into_dict``, one sync after :func:`install`), and
+verl's collect keeps the first marked worker's dict, which holds the whole
+group. For workers that return a :class:`metricsync.Metrics` per DP rank
+instead, :func:`make_nd_collect_metrics` is that dispatch with a collect that
+honours the mask and merges what the marked workers returned: each DP rank
+once, TP and PP replicas neither counted twice nor lost.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import metricsync as ms
 
-__all__ = ["collect_metrics"]
+__all__ = ["collect_metrics", "collect_nd_metrics", "make_nd_collect_metrics"]
 
 
 def _is_ref(item: object) -> bool:
@@ -102,3 +115,51 @@ def collect_metrics(worker_group: Any, output: Any) -> Any:
         f"collect_metrics: expected worker results that are all metricsync.Metrics (or None) "
         f"or all DataProto, got {', '.join(kinds)}"
     )
+
+
+def _collect_mask(worker_group: Any, mesh_name: str) -> list[bool]:
+    """verl's collect mask of ``mesh_name``: which workers answer for their DP rank.
+
+    Read and cached as verl's own nd collect does (``_collect_info``, filled
+    by querying the workers' registered ``_query_collect_info``).
+    """
+    cache = getattr(worker_group, "_collect_info", None)
+    if isinstance(cache, dict) and mesh_name in cache:
+        return list(cache[mesh_name])
+    mask = list(worker_group._query_collect_info(mesh_name))
+    if isinstance(cache, dict):
+        cache[mesh_name] = mask
+    return mask
+
+
+def collect_nd_metrics(mesh_name: str, worker_group: Any, output: Any) -> Any:
+    """:func:`collect_metrics` over the workers that verl's collect mask of ``mesh_name`` marks.
+
+    ``output`` holds one result per worker (as verl's nd collect gets it);
+    the unmarked workers' results (TP/PP replicas of a DP rank) are dropped
+    before the merge, so each DP rank counts once.
+    """
+    items = list(output) if isinstance(output, (list, tuple)) else [output]
+    mask = _collect_mask(worker_group, mesh_name)
+    if len(mask) != len(items):
+        raise ValueError(
+            f"collect_nd_metrics({mesh_name!r}): {len(items)} worker results but a collect "
+            f"mask of {len(mask)} workers"
+        )
+    return collect_metrics(worker_group, [item for item, keep in zip(items, mask) if keep])
+
+
+def make_nd_collect_metrics(mesh_name: str) -> dict[str, Any]:
+    """verl's ``make_nd_compute_dataproto_dispatch_fn(mesh_name)`` with :func:`collect_nd_metrics`.
+
+    Pass it as ``register(dispatch_mode=...)``: the data is dispatched by DP
+    rank exactly as verl does; what the marked workers return (``Metrics``,
+    ``None`` or ``DataProto``) is merged as :func:`collect_metrics` does.
+    Needs verl.
+    """
+    from verl.single_controller.base.decorator import dispatch_lazy_compute_data_proto
+
+    return {
+        "dispatch_fn": partial(dispatch_lazy_compute_data_proto, mesh_name),
+        "collect_fn": partial(collect_nd_metrics, mesh_name),
+    }

@@ -15,7 +15,7 @@ from typing import Any
 
 import metricsync as ms
 
-from ._metric import SPECS, AggregationType, Metric, from_summary, summary
+from ._metric import SPECS, AggregationType, Metric, WeightedMean, from_summary, summary
 from ._mixed import refuse_verl_metric
 from ._reduce import key_rule, leaves
 
@@ -30,8 +30,11 @@ def append_to_dict(
     """Append each value of ``new_data`` to ``data[prefix + key]``, in place (verl's helper).
 
     A :class:`Metric` value goes into a :class:`Metric` of the same
-    aggregation (its values pooled: one per micro-batch); a list extends a
-    list; anything else is appended to a list. verl's own ``Metric`` raises
+    aggregation (its values pooled: one per micro-batch); a
+    :class:`~metricsync.verl_compat.WeightedMean` (what ``Metric.aggregate_dp``
+    gives a token-weighted metric, one per mini-batch in verl's worker) goes
+    into a ``MEAN`` Metric with its weight; a list extends a list; anything
+    else is appended to a list. verl's own ``Metric`` raises
     :class:`~metricsync.verl_compat.MixedMetricError`.
 
     >>> acc = {}
@@ -43,8 +46,13 @@ def append_to_dict(
     for key, value in new_data.items():
         new_key = key if key.startswith(prefix) else f"{prefix}{key}"
         refuse_verl_metric(value, f"append_to_dict[{new_key!r}]")
+        if isinstance(value, WeightedMean):
+            value = Metric(AggregationType.MEAN, float(value), weight=value.weight)
+            value.key = new_key
         if new_key not in data:
             data[new_key] = value.init_list() if isinstance(value, Metric) else []
+            if isinstance(value, Metric):
+                data[new_key].key = new_key  # named in messages, here and after a gather
         target = data[new_key]
         refuse_verl_metric(target, f"append_to_dict[{new_key!r}]")
         if isinstance(value, list):
@@ -67,6 +75,7 @@ def _pooled(key: str, value: Any) -> Metric:
     kind = metrics[0].aggregation if metrics else key_rule(key)
     pooled = Metric(kind, keep_values=False)
     pooled.extend(items)
+    pooled.key = key
     return pooled
 
 
@@ -105,13 +114,24 @@ def allgather_dict_into_dict(
         name = _internal(key)
         store.define(name, SPECS[pooled.aggregation])
         local = summary(pooled)
+        if local is None and pooled.aggregation is AggregationType.SUM:
+            local = (0.0, 1.0)  # an empty rank's sum is 0.0, and the rank counts
         if local is not None:
             store.record(name, local[0], weight=local[1])
+        if _is_metric_valued(value):  # what verl's aggregate_dp checks: each rank's count
+            hexed = name[1:]
+            store.define(f"f{hexed}", _FEWEST)
+            store.define(f"m{hexed}", _MOST)
+            store.define(f"w{hexed}", _MOST)
+            if pooled._n:
+                store.record(f"f{hexed}", pooled._n)
+                store.record(f"m{hexed}", pooled._n)
+            store.record(f"w{hexed}", float(pooled._weighted))
         nested[key] = isinstance(value, (list, tuple))
     synced = store.sync(group, timeout=timeout)
     computed = synced.compute()
     out: dict[str, list[Any]] = {}
-    theirs = (_external(name) for name in synced.names)
+    theirs = (_external(name) for name in synced.names if name.startswith("k"))
     for key in [*nested, *(key for key in theirs if key not in nested)]:
         name = _internal(key)
         kind = _KINDS.get(synced.spec(name), AggregationType.MEAN)
@@ -120,8 +140,26 @@ def allgather_dict_into_dict(
         else:
             value, weight = computed.get(name), 1.0
         metric = from_summary(kind, value, weight)
+        metric.key = key
+        hexed = name[1:]
+        if f"w{hexed}" in computed:  # Metric-valued on some rank: verl's count check applies
+            metric._weighted = bool(computed[f"w{hexed}"])
+            fewest, most = computed.get(f"f{hexed}", 0.0), computed.get(f"m{hexed}", 0.0)
+            metric._counts = (int(fewest), int(most))
+        else:  # plain values: verl pools them (its worker chains the ranks' lists)
+            metric._counts = (0, 0)
         out[key] = [[metric]] if nested.get(key, False) else [metric]
     return out
+
+
+_FEWEST = ms.Spec("min")
+_MOST = ms.Spec("max")
+
+
+def _is_metric_valued(value: Any) -> bool:
+    return isinstance(value, Metric) or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, Metric) for v in leaves(value))
+    )
 
 
 def _internal(key: str) -> str:

@@ -8,7 +8,9 @@ from typing import Any
 
 from ._dp import allgather_dict_into_dict, append_to_dict
 from ._metric import AggregationType, Metric
+from ._mixed import set_switched
 from ._reduce import reduce_metrics
+from ._tokens import token_weighted_policy_loss, token_weighted_value_loss
 
 __all__ = ["Installation", "install", "is_installed", "uninstall"]
 
@@ -28,8 +30,37 @@ _OURS: dict[str, Any] = {
     "allgather_dict_into_dict": allgather_dict_into_dict,
 }
 # "pairs": [(verl's object, ours)]; "patched": [(module dict, name, old, new)] in order;
-# "keep_values": Metric.keep_values before install().
+# "keep_values": Metric.keep_values before install(); "registry": verl's policy-loss registry
+# (a dict whose values are replaced too) when token means are on.
 _state: dict[str, Any] = {}
+
+
+def _token_mean_pairs() -> tuple[list[tuple[Any, Any]], dict[str, Any]]:
+    """(verl's loss function, its token-weighted wrapper) for every policy loss and the value loss."""
+    try:
+        import verl.trainer.ppo.core_algos as core_algos
+        import verl.workers.utils.losses as losses
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "metricsync.verl_compat.install(token_mean=True) weights verl's token-mean metrics "
+            f"by wrapping its loss functions, but they cannot be imported here ({exc}); pass "
+            "token_mean=False to switch the metric objects only"
+        ) from exc
+    registry: dict[str, Any] = core_algos.POLICY_LOSS_REGISTRY
+    pairs = [(fn, token_weighted_policy_loss(fn)) for fn in dict.fromkeys(registry.values())]
+    pairs.append((losses.value_loss, token_weighted_value_loss(losses.value_loss)))
+    return pairs, registry
+
+
+def _replace_in(registry: dict[str, Any], pairs: list[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
+    by_id = {id(old): new for old, new in pairs}
+    changed = []
+    for name, value in list(registry.items()):
+        new = by_id.get(id(value))
+        if new is not None:
+            registry[name] = new
+            changed.append((registry, name, value, new))
+    return changed
 
 
 def _import_verl() -> dict[str, Any]:
@@ -101,7 +132,7 @@ class Installation:
         return f"Installation(owner={self.owner})"
 
 
-def install(*, keep_values: bool | None = None) -> Installation:
+def install(*, token_mean: bool = True, keep_values: bool | None = None) -> Installation:
     """Make verl's own modules use metricsync's ``Metric``, ``reduce_metrics`` and DP helpers.
 
     Replaces verl 0.9.1's ``AggregationType``, ``Metric`` and
@@ -113,8 +144,19 @@ def install(*, keep_values: bool | None = None) -> Installation:
     verl's modules. verl's workers then reduce their DP metrics with one
     metricsync sync instead of a pickled gather.
 
+    ``token_mean`` (the default) also wraps verl's policy losses (every
+    entry of ``POLICY_LOSS_REGISTRY``) and its ``value_loss``: the metrics
+    verl computes as a ``masked_mean`` per micro-batch (``actor/ppo_kl``,
+    ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``, ``critic/vf_clipfrac``,
+    ``critic/vpred_mean``) then carry the micro-batch's valid-token count as
+    their weight, and come out as global token means across micro-batches,
+    mini-batches and DP ranks. ``token_mean=False`` keeps verl's mean of
+    micro-batch means (and raises where verl raises: uneven micro-batch
+    counts across DP ranks).
+
     Call it once per process (driver and every worker) before verl records
-    a metric. Calling it again is harmless. ``keep_values`` sets
+    a metric, and in a worker before its loss function is built. Calling it
+    again is harmless (the first call's ``token_mean`` stays). ``keep_values`` sets
     ``Metric.keep_values`` (None leaves it). Undo with :func:`uninstall`, or
     use the result as a context manager::
 
@@ -122,7 +164,7 @@ def install(*, keep_values: bool | None = None) -> Installation:
             ...
 
     Raises:
-        ModuleNotFoundError: verl cannot be imported.
+        ModuleNotFoundError: verl (or, with ``token_mean``, its loss modules) cannot be imported.
     """
     modules = _import_verl()
     owner = "pairs" not in _state
@@ -132,10 +174,17 @@ def install(*, keep_values: bool | None = None) -> Installation:
             theirs = getattr(modules[module_name], attr)
             if theirs is not _OURS[attr]:
                 pairs.append((theirs, _OURS[attr]))
+        _state["registry"] = None
+        if token_mean:
+            wrapped, _state["registry"] = _token_mean_pairs()
+            pairs.extend(wrapped)
         _state["pairs"] = pairs
         _state["patched"] = []
         _state["keep_values"] = Metric.keep_values
     _state["patched"].extend(_replace(_state["pairs"]))
+    if _state["registry"] is not None:
+        _state["patched"].extend(_replace_in(_state["registry"], _state["pairs"]))
+    set_switched(True)
     if keep_values is not None:
         Metric.keep_values = keep_values
     return Installation(owner)
@@ -157,6 +206,7 @@ def uninstall() -> None:
     _replace([(ours, theirs) for theirs, ours in _state["pairs"]], only_verl=True)
     Metric.keep_values = _state["keep_values"]
     _state.clear()
+    set_switched(False)
 
 
 def is_installed() -> bool:

@@ -10,9 +10,9 @@ import numpy as np
 import metricsync as ms
 
 from ._aggregation import SPECS, AggregationType, aggregation_type
-from ._mixed import is_verl_metric, refuse_verl_metric
+from ._mixed import MixedMetricError, is_switched, is_verl_metric, refuse_verl_metric
 
-__all__ = ["AggregationType", "Metric"]
+__all__ = ["AggregationType", "Metric", "WeightedMean"]
 
 _NAME = "value"
 
@@ -34,14 +34,54 @@ def _flatten(item: Any) -> list[Any]:
     return list(np.asarray(item).reshape(-1).tolist())
 
 
-def _rebuild(aggregation: str, data: bytes, values: bytes | None) -> Metric:
+def _size(value: Any) -> int:
+    """How many values ``value`` holds (elements of a tensor or array); nothing is read from a device."""
+    if isinstance(value, (bool, int, float, np.generic)):
+        return 1
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        return int(numel())
+    return int(np.size(value))
+
+
+def _rebuild(
+    aggregation: str, data: bytes, values: bytes | None, extra: tuple[Any, ...] = ()
+) -> Metric:
     metric = Metric(aggregation, keep_values=values is not None)
     metric._store = ms.Metrics.from_bytes(data)
     if values is not None:
         if len(values) % 8:
             raise ms.CodecError(f"a Metric's values take 8 bytes each, got {len(values)} bytes")
         metric._values = [float(v) for v in np.frombuffer(values, dtype="<f8")]
+    if extra:
+        metric._n, metric._weighted, metric._counts, metric.key, switched = extra
+        # Made where verl's modules were switched, read where they are not: verl's own code would.
+        metric._foreign = switched and not is_switched()
     return metric
+
+
+class WeightedMean(np.float64):
+    """A ``MEAN``'s number (a numpy float64) that also carries its total ``weight``.
+
+    :meth:`Metric.aggregate_dp` returns it for token-weighted metrics, so that
+    verl's worker, which collects one number per mini-batch, hands the weight
+    on: this package's ``append_to_dict`` and ``reduce_metrics`` pool such
+    numbers by their weights. Anywhere else it is the plain number.
+
+    >>> x = WeightedMean(0.25, weight=40)
+    >>> x, x.weight, x + 1
+    (np.float64(0.25), 40.0, np.float64(1.25))
+
+    A pickle of it is numpy's float64, without the weight: verl's worker
+    consumes it before anything crosses a process boundary.
+    """
+
+    weight: float
+
+    def __new__(cls, value: Any, weight: Any) -> WeightedMean:
+        obj = super().__new__(cls, value)
+        obj.weight = float(weight)
+        return obj
 
 
 class Metric:
@@ -70,15 +110,32 @@ class Metric:
     1.25
     """
 
-    __slots__ = ("_store", "_values", "aggregation")
+    __slots__ = (
+        "_counts",
+        "_foreign",
+        "_n",
+        "_store",
+        "_values",
+        "_weighted",
+        "aggregation",
+        "key",
+    )
 
     #: Default of ``keep_values`` for new metrics. ``values`` costs memory in
     #: the number of appends (verl's cost); set False for constant memory.
     keep_values: ClassVar[bool] = True
 
     aggregation: AggregationType
+    #: The metrics-dict key this metric was gathered under (set by the DP gather), for messages.
+    key: str | None
     _store: ms.Metrics
     _values: list[Any] | None
+    _n: int  # values recorded here (elements)
+    _weighted: bool  # a weight was given to some value
+    _counts: (
+        tuple[int, int] | None
+    )  # a gathered metric: fewest and most values of a rank holding any
+    _foreign: bool  # unpickled in a process whose verl modules were not switched
 
     def __init__(
         self,
@@ -92,6 +149,11 @@ class Metric:
         self._store = ms.Metrics({_NAME: SPECS[self.aggregation]})
         keep = type(self).keep_values if keep_values is None else keep_values
         self._values = [] if keep else None
+        self._n = 0
+        self._weighted = False
+        self._counts = None
+        self._foreign = False
+        self.key = None
         if value is not None:
             self.append(value, weight=weight)
 
@@ -132,6 +194,9 @@ class Metric:
             self._store.record(_NAME, value, weight=weight)
         except TypeError as exc:
             raise ValueError(f"Unsupported value: {exc}") from exc
+        self._n += _size(value)
+        if weight is not None:
+            self._weighted = True
         if self._values is not None:
             self._values.append(_capture(value))
 
@@ -184,6 +249,8 @@ class Metric:
                 self._store.record(_NAME, other.aggregate())
         else:
             self._store.merge(other.state)
+        self._n += other._n
+        self._weighted = self._weighted or other._weighted
         if self._values is not None:
             theirs = other._values
             self._values = None if theirs is None else self._values + theirs
@@ -204,6 +271,8 @@ class Metric:
         >>> Metric("sum", [1, 2.5]).values
         [1, 2.5]
         """
+        if self._foreign and not is_switched():
+            raise _mixed(self, "its values list was read")
         if self._values is None:
             raise AttributeError(
                 f"Metric({self.aggregation.value!r}) keeps no values list: it was made with "
@@ -232,9 +301,33 @@ class Metric:
         >>> sum([Metric("mean", [0.5, 1.5])]) / 1
         np.float64(1.0)
         """
+        if self._foreign and not is_switched():
+            raise _mixed(self, "it was added to a number")
         if isinstance(other, (int, float, np.number)) and not isinstance(other, bool):
             return other + self.aggregate()
         return NotImplemented
+
+    def __getitem__(self, index: int) -> Metric:
+        """``metric[0]`` is the metric: the one entry of a gathered single value, read as verl
+        reads a per-rank list (``sublist[0]``, verl's MTP losses)."""
+        if index in (0, -1):
+            return self
+        raise IndexError(f"{self!r} reads as a one-entry list; index {index} is out of range")
+
+    # verl's own code (its reduce_metrics, numpy) treating a Metric as a number or a list.
+    __array_ufunc__ = None  # ``np.float64(1) + metric`` defers to __radd__
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise _misuse(self, "numpy")
+
+    def __iter__(self) -> Any:
+        raise _misuse(self, "iteration")
+
+    def __float__(self) -> float:
+        raise _misuse(self, "float()")
+
+    def __add__(self, other: object) -> Any:
+        raise _misuse(self, "+")
 
     @classmethod
     def _aggregate(cls, values: Iterable[Any], aggregation: str | AggregationType) -> np.float64:
@@ -251,14 +344,21 @@ class Metric:
     def aggregate_dp(cls, metric_lists: Sequence[Metric]) -> np.float64:
         """Combine one :class:`Metric` per data-parallel rank into one number.
 
-        ``SUM``: the mean over ranks of each rank's sum. ``MEAN``: the mean of
-        every value of every rank (weighted when weights were given).
-        ``MIN``/``MAX``: over every value. Ranks may hold different numbers of
-        values (verl raises); ranks holding none are left out.
+        ``SUM``: the mean over ranks of each rank's sum (a rank without
+        values sums to 0.0). ``MEAN``: the mean of every value of every rank;
+        with weights (token counts, see :func:`install`), the weighted mean,
+        returned as a :class:`WeightedMean` that carries the total weight.
+        ``MIN``/``MAX``: over every value. Ranks holding different numbers of
+        values are fine for ``SUM``, ``MIN``, ``MAX`` and weighted ``MEAN``;
+        an unweighted ``MEAN`` raises ``ValueError`` there, as verl does (its
+        mean of micro-batch means has no right answer without the token
+        counts). A rank holding no values is left out of ``MEAN``/``MIN``/``MAX``.
 
         >>> ranks = [Metric("sum", [1.0, 2.0]), Metric("sum", [3.0, 4.0, 5.0])]
         >>> Metric.aggregate_dp(ranks)           # mean of the rank sums 3 and 12
         np.float64(7.5)
+        >>> Metric.aggregate_dp([Metric("sum"), Metric("sum", [3.0, 4.0])])   # sums 0 and 7
+        np.float64(3.5)
         """
         metrics = list(metric_lists)
         if not metrics:
@@ -271,8 +371,19 @@ class Metric:
         if len(kinds) > 1:
             names = ", ".join(sorted(k.value for k in kinds))
             raise ValueError(f"aggregation type mismatch across ranks: {names}")
-        merged = ms.merge(m.state for m in metrics)
-        return result(metrics[0].aggregation, merged.compute())
+        kind = metrics[0].aggregation
+        weighted = any(m._weighted for m in metrics)
+        if kind is AggregationType.MEAN and not weighted:
+            _check_counts(metrics)
+        if kind is AggregationType.SUM:  # an empty rank's sum is 0.0, and it is a rank
+            states = [m.state if summary(m) is not None else _zero_sum() for m in metrics]
+        else:
+            states = [m.state for m in metrics]
+        computed = ms.merge(states).compute()
+        value = result(kind, computed)
+        if kind is AggregationType.MEAN and weighted:
+            return WeightedMean(value, computed.get(f"{_NAME}/count", 0.0))
+        return value
 
     def sync(self, group: Any = None, *, timeout: float | None = None) -> Metric:
         """This metric combined over a torch.distributed ``group`` (every rank must call it).
@@ -283,6 +394,9 @@ class Metric:
         """
         out = type(self)(self.aggregation, keep_values=False)
         out._store = self._store.sync(group, timeout=timeout)
+        out._weighted = self._weighted
+        out._counts = (0, 0)  # the ranks' counts are not gathered: nothing to check
+        out.key = self.key
         return out
 
     # ------------------------------------------------------------ helpers
@@ -320,7 +434,8 @@ class Metric:
         values = None
         if self._values is not None:
             values = np.asarray(self.values, dtype="<f8").tobytes()
-        return (_rebuild, (self.aggregation.value, self._store.to_bytes(), values))
+        extra = (self._n, self._weighted, self._counts, self.key, is_switched())
+        return (_rebuild, (self.aggregation.value, self._store.to_bytes(), values, extra))
 
     def __repr__(self) -> str:
         return f"Metric({self.aggregation.value!r})"
@@ -338,6 +453,56 @@ def result(aggregation: AggregationType, computed: Mapping[str, float]) -> np.fl
     raise ValueError(
         f"cannot take the {aggregation.value} of a Metric without values "
         "(verl: numpy's zero-size reduction error)"
+    )
+
+
+def _check_counts(metrics: list[Metric]) -> None:
+    """Raise as verl does when the ranks of an unweighted MEAN hold different numbers of values."""
+    shown: list[str] = []
+    held: set[int] = set()
+    for m in metrics:
+        if m._counts is None:  # one rank
+            shown.append(str(m._n))
+            held.add(m._n)
+        elif m._counts[1]:  # a gathered group: its ranks' fewest and most
+            lo, hi = m._counts
+            shown.append(str(lo) if lo == hi else f"{lo} to {hi}")
+            held.update((lo, hi))
+    held.discard(0)
+    if len(held) > 1:
+        name = next((m.key for m in metrics if m.key is not None), None)
+        what = f"{name!r}" if name is not None else "a MEAN metric"
+        raise ValueError(
+            f"{what}: DP ranks hold different numbers of values for dp aggregation "
+            f"[{', '.join(shown)}], and the values carry no weights: verl raises here, and "
+            "a mean of micro-batch means is not the token mean. Use "
+            "metricsync.verl_compat.install(token_mean=True) (verl's token-mean metrics then "
+            "carry their token counts), or append with weight=..."
+        )
+
+
+def _zero_sum() -> ms.Metrics:
+    return from_summary(AggregationType.SUM, 0.0, 1.0).state
+
+
+def _mixed(metric: Metric, what: str) -> MixedMetricError:
+    return MixedMetricError(
+        f"{metric!r}{'' if metric.key is None else f' ({metric.key!r})'}: {what} in a process "
+        "whose verl modules are not switched to metricsync (verl's own reduce_metrics or numpy "
+        "reading a metricsync Metric, as when only the workers called install()); verl's own "
+        "functions would read it without its weights, or fail. Call "
+        "metricsync.verl_compat.install() in every process (driver and workers) before verl "
+        "records or reduces its first metric."
+    )
+
+
+def _misuse(metric: Metric, op: str) -> Exception:
+    """The error for verl's (or numpy's) code treating a Metric as a number or a list."""
+    if not is_switched():
+        return _mixed(metric, f"{op} was applied to it")
+    return TypeError(
+        f"{op} on {metric!r}: a Metric is not a number; reduce it with aggregate(), "
+        "Metric.aggregate_dp or reduce_metrics"
     )
 
 

@@ -4,7 +4,25 @@ from __future__ import annotations
 
 import metricsync as ms
 
-__all__ = ["MixedMetricError", "is_verl_metric", "refuse_verl_metric"]
+__all__ = [
+    "MixedMetricError",
+    "is_switched",
+    "is_verl_metric",
+    "refuse_verl_metric",
+    "set_switched",
+]
+
+_switched = [False]  # whether install() switched this process's verl modules
+
+
+def is_switched() -> bool:
+    """Whether this process's verl modules are switched to metricsync (see ``install``)."""
+    return _switched[0]
+
+
+def set_switched(on: bool) -> None:
+    """Record that ``install`` switched (True) or ``uninstall`` restored (False) verl's modules."""
+    _switched[0] = on
 
 
 class MixedMetricError(ms.MetricsyncError, ValueError):

@@ -9,7 +9,7 @@ import numpy as np
 
 import metricsync as ms
 
-from ._metric import AggregationType, Metric
+from ._metric import AggregationType, Metric, WeightedMean
 from ._mixed import refuse_verl_metric
 
 __all__ = ["reduce_metrics"]
@@ -45,7 +45,10 @@ def _reduce_metric_list(key: str, items: list[Metric]) -> np.float64:
             "DP rank, call Metric.aggregate_dp(list)."
         )
     # MEAN, MIN, MAX: pooling every value is right whether the items are ranks or micro-batches.
-    return Metric.aggregate_dp(items)
+    pooled = Metric(kind, keep_values=False)
+    for item in items:
+        pooled.extend(item)
+    return pooled.aggregate()
 
 
 def reduce_metrics(
@@ -95,6 +98,11 @@ def reduce_metrics(
         ):
             merged = ms.collect(items)
             out.update((name, np.float64(v)) for name, v in merged.compute().items())
+            continue
+        if items and all(isinstance(item, WeightedMean) for item in items):
+            weights = [item.weight for item in items]
+            pooled = Metric(AggregationType.MEAN, [float(i) for i in items], weight=weights)
+            out[key] = pooled.aggregate()
             continue
         n_metrics = sum(isinstance(item, Metric) for item in items)
         if n_metrics:

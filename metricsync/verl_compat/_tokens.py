@@ -33,12 +33,20 @@ and a per-token tensor can be recorded as it is:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._metric import AggregationType, Metric
 
-__all__ = ["token_mean_metrics"]
+__all__ = [
+    "POLICY_TOKEN_MEANS",
+    "VALUE_TOKEN_MEANS",
+    "token_mean_metrics",
+    "token_weighted_policy_loss",
+    "token_weighted_value_loss",
+]
 
 
 def token_mean_metrics(values: Mapping[str, Any], response_mask: Any) -> dict[str, Metric]:
@@ -59,3 +67,71 @@ def token_mean_metrics(values: Mapping[str, Any], response_mask: Any) -> dict[st
     return {
         key: Metric(AggregationType.MEAN, value, weight=tokens) for key, value in values.items()
     }
+
+
+#: verl 0.9.1's policy-loss metrics that are ``masked_mean`` over the loss function's
+#: ``response_mask`` in every policy loss it registers.
+POLICY_TOKEN_MEANS = ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")
+#: verl 0.9.1's value-loss metrics that are ``masked_mean`` over the batch's ``response_mask``.
+VALUE_TOKEN_MEANS = ("critic/vf_clipfrac", "critic/vpred_mean")
+
+
+def _weigh(metrics: Any, keys: tuple[str, ...], response_mask: Any) -> Any:
+    """``metrics`` with each of ``keys`` that holds a plain number made a token-weighted Metric."""
+    if not isinstance(metrics, dict) or response_mask is None:
+        return metrics
+    mine = {k: v for k, v in metrics.items() if k in keys and not isinstance(v, Metric)}
+    if not mine:
+        return metrics
+    weighted = token_mean_metrics(mine, response_mask)
+    for key, metric in weighted.items():
+        metric.key = key
+    return {**metrics, **weighted}
+
+
+def token_weighted_policy_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's policy loss ``fn``, its token-mean metrics weighted by the ``response_mask`` it got.
+
+    verl's ``ppo_loss`` passes the metrics on to ``Metric.from_dict(...,
+    MEAN)``, which keeps the weights.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def token_weighted(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        try:
+            mask = signature.bind_partial(*args, **kwargs).arguments.get("response_mask")
+        except TypeError:
+            return out
+        if not (isinstance(out, tuple) and len(out) == 2):
+            return out
+        loss, metrics = out
+        return loss, _weigh(metrics, POLICY_TOKEN_MEANS, mask)
+
+    token_weighted.__metricsync_wraps__ = fn  # type: ignore[attr-defined]
+    return token_weighted
+
+
+def _mask_of(data: Any) -> Any:
+    """The boolean response mask in verl's loss ``data`` (a TensorDict, nested or padded)."""
+    try:
+        mask = data["response_mask"]
+    except (KeyError, TypeError):
+        return None
+    if getattr(mask, "is_nested", False):
+        mask = mask.values()
+    return mask.bool() if hasattr(mask, "bool") else mask
+
+
+def token_weighted_value_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's ``value_loss`` ``fn``, its token-mean metrics weighted by the batch's valid tokens."""
+
+    @functools.wraps(fn)
+    def token_weighted(config: Any, model_output: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        mask = _mask_of(data)  # before the call: value_loss selects from ``data``
+        loss, metrics = fn(config, model_output, data, *args, **kwargs)
+        return loss, _weigh(metrics, VALUE_TOKEN_MEANS, mask)
+
+    token_weighted.__metricsync_wraps__ = fn  # type: ignore[attr-defined]
+    return token_weighted
