@@ -46,7 +46,7 @@ lock:
 	.venv-lock/bin/python -m pip install --disable-pip-version-check -qq -c constraints.txt -e ".[all,dev,docs,verl]"
 	.venv-lock/bin/python -m pip install --disable-pip-version-check -qq -c constraints.txt --no-deps "verl==0.9.1"
 	(echo "# Made by \`make lock\`: what \`make test\` installs, pinned; torch as constraints.txt pins it."; \
-	 .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v -e "^metricsync" -e "^-e" \
+	 .venv-lock/bin/python -m pip freeze --all --exclude-editable | grep -v -e "^metricsync" -e "^-e" -e "^pip==" \
 	 | sed -e 's/^torch==\([^+]*\)+.*/torch==\1/') > requirements/test.txt
 	rm -rf .venv-lock
 

@@ -64,17 +64,29 @@ class _ProgressBarOnly(ProgressCallback):
         return None
 
 
-class _Ordered:
-    """A synced Metrics' values in the callback's key order, with the Metrics' formats."""
+class _SilentPrinter(PrinterCallback):  # type: ignore[misc]
+    """The trainer's printer, less the print: it still drops ``total_flos`` from ``logs``."""
 
-    def __init__(self, values: dict[str, float], formats: Mapping[str, str | None]) -> None:
-        self.values, self.formats = values, formats
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if logs is not None:
+            logs.pop("total_flos", None)
+
+
+class _Ordered:
+    """A synced Metrics as a Tracker reads it, its values in the callback's key order."""
+
+    def __init__(self, synced: ms.Metrics, values: dict[str, float]) -> None:
+        self.synced, self.values = synced, values
 
     def compute(self) -> dict[str, float]:
         return dict(self.values)
 
     def key_formats(self) -> dict[str, str | None]:
-        return {key: self.formats.get(key) for key in self.values}
+        formats = self.synced.key_formats()
+        return {key: formats.get(key) for key in self.values}
+
+    def histograms(self) -> dict[str, ms.Histogram]:
+        return self.synced.histograms()
 
 
 def _in_log_order(synced: ms.Metrics, logged: Mapping[str, Any]) -> dict[str, float]:
@@ -182,14 +194,15 @@ class MetricsyncCallback(TrainerCallback):
         if self._prints_to_console():  # one console line per log: metricsync's
             for i, cb in reversed(list(enumerate(callbacks))):
                 if type(cb) is PrinterCallback:
-                    del callbacks[i]
+                    callbacks[i] = _SilentPrinter()
                 elif type(cb) is ProgressCallback:
                     callbacks[i] = _ProgressBarOnly(max_str_len=cb.max_str_len)
         self._attached = True
         return self
 
     def _prints_to_console(self) -> bool:
-        return self.tracker is not None and "console" in self.tracker.backends
+        labels = () if self.tracker is None else self.tracker.backends
+        return any(label in ("console", "ConsoleBackend") for label in labels)
 
     def _record_trainer_logs(self, numbers: Mapping[str, Any]) -> None:
         for key, value in numbers.items():
@@ -242,7 +255,7 @@ class MetricsyncCallback(TrainerCallback):
                     "each log is printed once, by metricsync's console",
                     stacklevel=2,
                 )
-            ordered = _Ordered(values, synced.key_formats())
+            ordered = _Ordered(synced, values)
             self.tracker.log(ordered, step=int(state.global_step))
         if self.update_logs:
             for key, value in values.items():

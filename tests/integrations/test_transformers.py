@@ -382,3 +382,28 @@ def test_logged_keys_come_in_the_same_order_on_one_rank_and_on_two() -> None:
     # before: insertion order on one rank, name order on two
     assert _logged_key_order(0, 1) == expected
     assert run_distributed(_logged_key_order, 2) == [expected, expected]
+
+
+class _HistogramBackend:
+    def __init__(self) -> None:
+        self.histograms: list[list[str]] = []
+
+    def log(self, values, step, formats):  # type: ignore[no-untyped-def]
+        pass
+
+    def log_histograms(self, histograms, step):  # type: ignore[no-untyped-def]
+        self.histograms.append(sorted(histograms))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_callback_hands_the_tracker_its_histograms(tmp_path: pytest.TempPathFactory) -> None:
+    backend = _HistogramBackend()
+    metrics = ms.Metrics({"reward": ms.Spec(("mean", "p50"))})
+    tracker = ms.Tracker((backend,), run_dir=tmp_path, histograms=True)
+    callback = MetricsyncCallback(metrics, tracker)
+    metrics.record("reward", [1.0, 2.0, 3.0])
+    callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs={"loss": 1.0})
+    tracker.close()
+    assert backend.histograms == [["reward"]]
