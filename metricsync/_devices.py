@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._convert import meta_allowed
 from ._spec import Spec
 from ._table import StateTable
 
@@ -48,8 +49,8 @@ class Devices:
     def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
         """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
         lane = self.lanes.get(name)
-        if lane is None or device != lane[0]:
-            return None
+        if lane is None or device != lane[0] or (lane[1].meta and not meta_allowed()):
+            return None  # a meta lane outside meta_records(): the checked path refuses
         return lane[1], lane[2]
 
     def recorded_slots(self) -> set[int]:
