@@ -1,21 +1,28 @@
-"""Accelerator tensors: a bounded pending buffer per device, folded with segment reductions.
+"""Accelerator tensors: pending records of one device, folded with segment reductions.
 
-Recording copies a tensor's elements into a preallocated float64 buffer on
-its own device (a 0-d tensor: one ``select`` and one ``copy_``; a masked
-tensor: six ops), with the record's slot, length and time kept on the host.
-It never reads the device: no ``.item()``, ``.cpu()``, boolean indexing or
-host-to-device copy. A fold reduces every pending record of the device at
-once into per-metric state columns (``index_add_``/``scatter_reduce_`` over
-the records' slots, a few dozen ops whatever their number) and merges them
-into the device's accumulated state. It runs when the buffer fills (the
-buffer's bound is the memory bound) and, without changing anything, for
-every ``compute()``/``sync()``, which then copy the state to the host once
-per device.
+A record launches nothing: it keeps a reference to the tensor (detached from any
+autograd graph) with its version counter (:mod:`metricsync._device_refs`), with
+the record's row, weight kind and time on the host. A tensor whose storage is a
+view into a much larger one, and one in-place-changed records can't see, is
+copied into a preallocated float64 buffer instead (a ``copy_``; a mask or weight
+adds a few ops). It never reads the device: no ``.item()``, ``.cpu()``, boolean
+indexing or blocking host-to-device copy.
+
+A fold reduces every pending record of the device at once: the references are
+stacked (one ``torch.stack`` per dtype, or per shape and weight kind), and the
+device fold (:mod:`metricsync._device_fold`) reduces them into per-metric state
+columns with a few dozen ops, merged into the device's accumulated state (only
+the columns some metric carries). It runs when a bound is reached, so its
+points depend on the records alone: 1,024 pending references or 2M referenced
+elements (``REF_LIMIT``, ``REF_ELEMENTS``), or a full copy buffer (at most 2M
+float64 elements, values and weights: 32 MiB); the fold's temporaries are a few
+times that. It also runs, changing nothing, for every ``compute()``/``sync()``,
+which then copy the state to the host once per device.
 
 Value checks that need the data (a negative or non-finite weight, a mask
-that is not 0/1, a non-finite sample under ``nan="error"``) run inside the
-fold: a failing record is left out and flagged, and the next ``compute()``
-raises naming the metric.
+that is not 0/1, a non-finite sample under ``nan="error"``, a referenced tensor
+changed in place before the fold) run inside the fold: a failing record is left
+out and flagged, and the next ``compute()`` raises naming the metric.
 
 >>> import torch
 >>> from metricsync._spec import Spec
@@ -28,7 +35,6 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -174,7 +180,8 @@ class DeviceState:
         )
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
             w = None if kind == PLAIN else self._weights_of(x, weight, mask)
-            self._merge(self._fold_batch(x.reshape(-1), w, [(row, 0, n, kind, now)]))
+            record = np.array([[row, 0, n, kind, now]], dtype=np.float64)
+            self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
         parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
         if all(map(keepable, parts)):  # a reference: nothing launched now
@@ -240,24 +247,26 @@ class DeviceState:
             return None
         xs: list[torch.Tensor] = []
         ws: list[torch.Tensor | None] = []
-        records = list(self._records)
+        tables: list[np.ndarray] = []
         if self._records:
             assert self._vals is not None
             xs.append(self._vals[: self._used])
             ws.append(None if self._wts is None else self._wts[: self._used])
-        more_x, more_w, more_records, changed = gather(
+            tables.append(np.array(self._records, dtype=np.float64))
+        more_x, more_w, more_tables, changed = gather(
             self._scalars, self._refs, self._used, self.upload
         )
         for row in changed:
             self._host_bad[row] = max(self._host_bad.get(row, 0.0), BAD_CHANGED)
         xs += more_x
         ws += more_w
-        records += more_records
-        if not records:
+        tables += more_tables
+        if not tables:
             return None
+        records = tables[0] if len(tables) == 1 else np.concatenate(tables)
         x = xs[0] if len(xs) == 1 else torch.cat(xs)
         w = None
-        if any(kind != PLAIN for _, _, _, kind, _ in records):
+        if records[:, 3].any():  # a weighted or masked record
             filled = [
                 torch.empty(len(xi), dtype=_F64, device=self.device) if wi is None else wi
                 for xi, wi in zip(xs, ws)
@@ -325,10 +334,11 @@ class DeviceState:
         self,
         x: torch.Tensor,
         wts: torch.Tensor | None,
-        records: Sequence[tuple[int, int, int, int, float]],
+        records: np.ndarray,
     ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]:
-        """State columns of every device row, sketch additions and error codes of a batch."""
-        for row in {r for r, *_ in records}:
+        """State columns of every device row, sketch additions and error codes of a batch
+        (``records``: an ``(r, 5)`` array of ``(row, start, n, kind, stamp)``)."""
+        for row in np.unique(records[:, 0]).astype(np.intp).tolist():
             if self.specs[row].needs_sketch:
                 self._sketch_index(row)
         return fold_batch(

@@ -60,14 +60,15 @@ def fold_batch(
     specs: Sequence[Spec],
     x: torch.Tensor,
     wts: torch.Tensor | None,
-    records: Sequence[tuple[int, int, int, int, float]],
+    records: np.ndarray,
     sketch_of: Mapping[int, tuple[float, int]],
     sketch_rows: Mapping[float, int],
     upload: Callable[[np.ndarray], torch.Tensor],
 ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]:
     """``(cols (NCOL_ALL, rows), {accuracy: sketch additions}, error code per row or None)``.
 
-    ``records`` are ``(row, start, n, kind, stamp)``, covering ``x`` in order of start; ``kind`` 0 means unweighted, 1 a weight (checked finite and >= 0), 2 a
+    ``records`` is an ``(r, 5)`` array of ``(row, start, n, kind, stamp)``, covering ``x``
+    in order of start; ``kind`` 0 means unweighted, 1 a weight (checked finite and >= 0), 2 a
     mask alone (checked 0/1), 3 a boolean mask alone (nothing to check). Of two
     records, the one with the later stamp is the later one (``last``).
     ``sketch_of`` maps rows with a sketch to ``(accuracy, index)``; ``sketch_rows``
@@ -75,7 +76,7 @@ def fold_batch(
     need and the checks the records need, whatever the number of records.
     """
     n_rows, r, n = len(specs), len(records), x.numel()
-    rec = np.array(records, dtype=np.float64).reshape(r, 5).T
+    rec = records.T
     rows_here = np.unique(rec[0]).astype(np.intp).tolist()
     used = [specs[i] for i in rows_here]
     needed = set().union(*(al.needed_columns(s) for s in used)) | {al.W, al.S}

@@ -105,29 +105,39 @@ def gather(
     refs: list[Ref],
     start: int,
     upload: Callable[[np.ndarray], torch.Tensor],
-) -> tuple[
-    list[torch.Tensor], list[torch.Tensor | None], list[tuple[int, int, int, int, float]], set[int]
-]:
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list[np.ndarray], set[int]]:
     """The pending references as flat float64 pieces: ``(values, weights or None,
-    records (row, start, n, kind, stamp) from ``start`` on, rows of changed tensors)``.
+    records, rows of changed tensors)``; each piece's records an ``(r, 5)`` array of
+    ``(row, start, n, kind, stamp)``, starts from ``start`` on.
 
     A 0-d record is ``(row, tensor, version, stamp)``. Changed tensors are left out.
     """
     xs: list[torch.Tensor] = []
     ws: list[torch.Tensor | None] = []
-    records: list[tuple[int, int, int, int, float]] = []
+    records: list[np.ndarray] = []
     changed: set[int] = set()
-    by_dtype: dict[Any, list[tuple[int, torch.Tensor, int, float]]] = {}
-    for rec in scalars:
-        if rec[1]._version != rec[2]:
-            changed.add(rec[0])
+    if scalars:
+        if any(t._version != v for _, t, v, _ in scalars):
+            changed = {row for row, t, v, _ in scalars if t._version != v}
+            scalars = [rec for rec in scalars if rec[1]._version == rec[2]]
+        by_dtype: dict[Any, list[tuple[int, torch.Tensor, int, float]]] = {}
+        dtypes = {t.dtype for _, t, _, _ in scalars}
+        if len(dtypes) == 1:
+            by_dtype[dtypes.pop()] = scalars
         else:
-            by_dtype.setdefault(rec[1].dtype, []).append(rec)
-    for singles in by_dtype.values():
-        xs.append(torch.stack([t for _, t, _, _ in singles]).to(_F64))
-        ws.append(None)
-        records += [(row, start + i, 1, PLAIN, at) for i, (row, _, _, at) in enumerate(singles)]
-        start += len(singles)
+            for rec in scalars:
+                by_dtype.setdefault(rec[1].dtype, []).append(rec)
+        for singles in by_dtype.values():
+            k = len(singles)
+            xs.append(torch.stack([t for _, t, _, _ in singles]).to(_F64))
+            ws.append(None)
+            table = np.zeros((k, 5))
+            table[:, 0] = [row for row, _, _, _ in singles]
+            table[:, 1] = np.arange(start, start + k)
+            table[:, 2] = 1.0
+            table[:, 4] = [at for _, _, _, at in singles]
+            records.append(table)
+            start += k
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
@@ -142,6 +152,7 @@ def gather(
         xs.append(torch.stack([r.x for r in group]).reshape(-1).to(_F64))
         w = _weights(group, upload)
         ws.append(None if w is None else w.reshape(-1))
-        records += [(r.row, start + i * n, n, r.kind, r.stamp) for i, r in enumerate(group)]
+        table = np.array([(r.row, start + i * n, n, r.kind, r.stamp) for i, r in enumerate(group)])
+        records.append(table.reshape(-1, 5))
         start += n * len(group)
     return xs, ws, records, changed
