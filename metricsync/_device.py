@@ -35,6 +35,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,13 @@ import torch
 from . import _algebra as al
 from ._device_fold import BAD_MASK, BAD_NAN, BAD_WEIGHT, fold_batch
 from ._device_refs import (
-    _SLACK,
     BAD_CHANGED,
     BOOL_MASK,
     MASK,
     PLAIN,
     REF_ELEMENTS,
     REF_LIMIT,
+    VIEW_SLACK,
     WEIGHT,
     Ref,
     gather,
@@ -89,6 +90,22 @@ def _fill_weights(target: torch.Tensor, weight: Any, mask: Any) -> None:
         target.mul_(torch.where((mask == 0) | (mask == 1), mask, float("nan")))
 
 
+def _side_stream_check(device: torch.device) -> Callable[[], bool]:
+    """A cheap test of whether a CUDA stream other than ``device``'s default one is
+    current (references are taken only on the default stream; a record on another is
+    copied there, ordered after that stream's work); never true off CUDA."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if device.type != "cuda" or raw is None:
+        return lambda: False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return lambda: bool(raw(index))  # the default (null) stream is 0
+
+
+def _wait_for_default_stream(device: torch.device) -> None:
+    """Make the current stream wait for ``device``'s default one (no host wait)."""
+    torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+
+
 class DeviceState:
     """Pending records and accumulated state of the metrics recorded on one device."""
 
@@ -114,6 +131,7 @@ class DeviceState:
         self._refs: list[Ref] = []
         self._ref_elements = 0
         self._host_bad: dict[int, float] = {}  # row -> error code found on the host
+        self._side_stream = _side_stream_check(device)
         self._commits = 0  # folds into the state so far
         self._seen: tuple[Any, Snapshot] | None = None  # the last snapshot and what it saw
 
@@ -156,8 +174,8 @@ class DeviceState:
 
     def pend_scalar(self, row: int, x: torch.Tensor) -> None:
         """Pend a checked 0-d tensor: a reference, no op (a ``detach`` if it is in a graph)."""
-        if x.untyped_storage().nbytes() > _SLACK:  # a view into a large tensor: copied now
-            self.pend(row, x, None, None, al.now_us())
+        if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream():  # copied now
+            self._copy(row, x, None, None, PLAIN, al.now_us())
             return
         if x.requires_grad:
             x = x.detach()  # the graph is not kept; the version counter is shared
@@ -184,7 +202,7 @@ class DeviceState:
             self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
         parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
-        if all(map(keepable, parts)):  # a reference: nothing launched now
+        if all(map(keepable, parts)) and not self._side_stream():  # a reference: no launch
             if x.requires_grad or (isinstance(weight, torch.Tensor) and weight.requires_grad):
                 parts = [t.detach() for t in parts]
                 x = parts[0]
@@ -200,6 +218,13 @@ class DeviceState:
             ):
                 self.commit()
             return
+        self._copy(row, x, weight, mask, kind, now)
+
+    def _copy(
+        self, row: int, x: torch.Tensor, weight: Any, mask: Any, kind: int, now: float
+    ) -> None:
+        """Pend a record as a copy into the buffer (enqueued on the current stream)."""
+        n = x.numel()
         if self._used + n > self._capacity or self._vals is None:
             self.commit(room=n)
         assert self._vals is not None
@@ -253,6 +278,8 @@ class DeviceState:
             xs.append(self._vals[: self._used])
             ws.append(None if self._wts is None else self._wts[: self._used])
             tables.append(np.array(self._records, dtype=np.float64))
+        if (self._scalars or self._refs) and self._side_stream():
+            _wait_for_default_stream(self.device)  # references were taken on it
         more_x, more_w, more_tables, changed = gather(
             self._scalars, self._refs, self._used, self.upload
         )

@@ -41,6 +41,7 @@ __all__ = [
     "MASK",
     "PLAIN",
     "REF_ELEMENTS",
+    "VIEW_SLACK",
     "REF_LIMIT",
     "WEIGHT",
     "Ref",
@@ -52,13 +53,13 @@ _F64 = torch.float64
 PLAIN, WEIGHT, MASK, BOOL_MASK = 0, 1, 2, 3  #: a record's weights, and what to check of them
 REF_LIMIT = 1024  #: pending references per device: a fold when reached
 REF_ELEMENTS = 1 << 21  #: elements of the tensors pending references hold: a fold past it
-_SLACK = 1 << 15  #: bytes a referenced storage may hold beyond twice the tensor's own
+VIEW_SLACK = 1 << 15  #: bytes a referenced storage may hold beyond twice the tensor's own
 
 
 def keepable(t: torch.Tensor) -> bool:
     """Whether a reference to ``t`` holds little memory beyond ``t``'s own: its storage
     is at most twice its bytes plus 32 KiB (not a view into a large tensor)."""
-    return bool(t.untyped_storage().nbytes() <= 2 * t.numel() * t.element_size() + _SLACK)
+    return bool(t.untyped_storage().nbytes() <= 2 * t.numel() * t.element_size() + VIEW_SLACK)
 
 
 class Ref(NamedTuple):
