@@ -237,3 +237,18 @@ def test_meta_tensors_are_refused_outside_meta_records() -> None:
         m.record("c", torch.ones((), device=META))  # a lane on meta, opened inside the block
     with pytest.raises(TypeError, match=r"metric 'c'.*'meta' device"):
         m.record("c", torch.ones((), device=META))  # its later records outside: refused too
+
+
+def test_pending_references_fold_when_their_elements_pass_the_bound() -> None:
+    # the memory pending references hold is bounded: 2M referenced elements fold
+    x = torch.zeros(1 << 19, device=META)  # a quarter of the bound
+    m = ms.Metrics()
+    with meta_records():
+        m.record("e", x)
+        with count_device_ops() as below:
+            for _ in range(3):  # 2M elements pending: at the bound, not past it
+                m.record("e", x)
+        with count_device_ops() as past:
+            m.record("e", x)
+    assert dict(below) == {}
+    assert past["aten.index_add"] > 0  # the fold ran
