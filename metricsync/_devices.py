@@ -42,7 +42,14 @@ class Devices:
 
         state = self.states.get(x.device)
         if state is None:
-            state = self.states[x.device] = DeviceState(x.device)
+            try:  # float64 state on the device (a device without float64, e.g. mps: refused)
+                state = DeviceState(x.device)
+            except (TypeError, RuntimeError) as exc:
+                raise TypeError(
+                    f"metric {name!r}: tensors on {x.device} cannot be accumulated there "
+                    f"({exc}); record them on another device, e.g. t.cpu()"
+                ) from None
+            self.states[x.device] = state
         row = state.add(slot, spec, x, w, m, now)
         self.lanes[name] = (x.device, state, row)
 

@@ -252,3 +252,20 @@ def test_pending_references_fold_when_their_elements_pass_the_bound() -> None:
             m.record("e", x)
     assert dict(below) == {}
     assert past["aten.index_add"] > 0  # the fold ran
+
+
+def test_a_device_that_cannot_hold_the_state_is_refused_naming_the_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # as on a device without float64 (mps): the error names the metric; nothing is lost
+    from metricsync import _device
+
+    def no_float64(self: Any, device: Any) -> None:
+        raise TypeError("Cannot convert a tensor to float64 dtype on this device")
+
+    m = ms.Metrics()
+    m.record("a", 2.0)
+    monkeypatch.setattr(_device.DeviceState, "__init__", no_float64)
+    with meta_records(), pytest.raises(TypeError, match=r"metric 'b'.*cannot be accumulated"):
+        m.record("b", torch.ones(3, device=META))
+    assert m.compute() == {"a": 2.0}
