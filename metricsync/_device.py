@@ -404,8 +404,8 @@ class DeviceState:
         batch = self._pending_batch()
         if batch is not None:
             state, sketch, bad = self._merged(batch)
-        elif bad.shape[0] < len(self.slots):
-            bad = self._grown(bad, None)
+        else:  # rows whose only records were left out (changed in place) hold none
+            state, bad = self._grown(state, al.IDENTITY), self._grown(bad, None)
         parts = [state.reshape(-1), bad] + [sketch[acc].reshape(-1) for acc in sorted(sketch)]
         flat = torch.cat(parts).cpu().numpy()
         k = len(self.slots)

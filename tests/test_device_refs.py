@@ -112,6 +112,19 @@ def test_a_tensor_changed_in_place_before_the_fold_raises_naming_the_metric(
     assert got["q/mean"] == 5.0
 
 
+def test_a_name_whose_only_record_changed_holds_nothing() -> None:
+    # every pending record of the device left out: the fold has nothing, the row stays empty
+    m = ms.Metrics(SPECS)
+    m.record("q", 3.0)
+    with cpu_as_accelerator():
+        stats = torch.tensor([1.0, 2.0])
+        m.record("x", stats[0])
+        stats.add_(1.0)
+        with pytest.raises(ValueError, match=r"metric 'x'.*changed in place"):
+            m.compute()
+        assert m.compute() == {"q/mean": 3.0, "q/p50": 3.0, "q/p90": 3.0}
+
+
 def test_a_change_after_the_fold_changes_nothing() -> None:
     m = ms.Metrics(SPECS)
     with cpu_as_accelerator(ref_limit=2):
@@ -269,3 +282,54 @@ def test_the_device_path_equals_the_host_path_over_many_folds() -> None:
     want = host.compute()
     for key, value in want.items():
         assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-9), (key, got[key], value)
+
+
+def _as_views(
+    recs: list[tuple[str, np.ndarray, Any, Any, str]], large: bool
+) -> tuple[list[tuple[str, Any, Any, Any]], list[torch.Tensor]]:
+    """Each record's value as a view into a buffer of its own: a large one (copied at the
+    record) or one just twice its size (referenced). Returns the records and the buffers."""
+    out, buffers = [], []
+    for name, value, weight, mask, _ in recs:
+        flat = torch.from_numpy(np.array(value)).reshape(-1)
+        size = 50_000 if large else 2 * flat.numel()
+        buf = torch.zeros(size, dtype=flat.dtype)
+        buf[: flat.numel()] = flat
+        view = buf[: flat.numel()].view(np.shape(value))
+        w = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
+        out.append((name, view, w, None if mask is None else torch.from_numpy(mask)))
+        buffers.append(buf)
+    return out, buffers
+
+
+@settings(max_examples=30, deadline=None)
+@given(recs=records(), large=st.booleans(), which=st.integers(0, 1000))
+def test_views_and_in_place_changes_never_give_a_wrong_number(
+    recs: list[tuple[str, np.ndarray, Any, Any, str]], large: bool, which: int
+) -> None:
+    host = ms.Metrics(SPECS)
+    _apply(host, recs)
+    want = host.compute()
+    dev = ms.Metrics(SPECS)
+    with cpu_as_accelerator():
+        views, buffers = _as_views(recs, large)
+        for name, view, w, k in views:
+            dev.record(name, view, weight=w, mask=k)
+        changed = which % len(views)
+        buf = buffers[changed]  # changed through the base: the view's version moves
+        buf.logical_not_() if buf.dtype == torch.bool else buf.add_(1)
+        if large:  # copied at the record: nothing changes
+            got = dev.compute()
+        else:  # referenced: the changed record is refused, naming its metric
+            with pytest.raises(ValueError, match=f"metric '{recs[changed][0]}'.*changed in place"):
+                dev.compute()
+            got = dev.compute()
+            rest = ms.Metrics(SPECS)
+            _apply(rest, recs[:changed] + recs[changed + 1 :])
+            want = rest.compute()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        if key.endswith(("/p50", "/p90")):
+            assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
+        else:
+            assert _close(got[key], value), (key, got[key], value)
