@@ -22,9 +22,10 @@ is checked to agree on the result before it is timed.
 | masked (4, 256) tensor | ``record(name, t, mask=m)`` | ``((t*m).sum()/m.sum()).item()`` | 1.5x |
 | masked 1M-element tensor | ``(mean, sum, count, min, max)`` | torch's own masked reductions | 3x |
 
-It also prints the aten ops one ``record()`` of a device tensor dispatches,
-counted on the meta device (``metricsync.testing.count_device_ops``): on a GPU
-each is a kernel launch.
+It also prints the aten ops a ``record()`` of a device tensor dispatches,
+counted on the meta device (``metricsync.testing.count_device_ops``: on a GPU
+each is a kernel launch) over 512 records and the fold among them, and the CPU
+time of a 0-d device record (``--device-only`` prints just these).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import numpy as np
 import torch
 
 import metricsync as ms
-from metricsync.testing import count_device_ops
+from metricsync._device_refs import REF_LIMIT
+from metricsync.testing import count_device_ops, meta_records
 
 NAMES = [f"actor/metric_{i}" for i in range(8)]
 QUANTILE_SPEC = ms.Spec(("mean", "p50", "p99"))
@@ -387,57 +389,91 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e9:.0f} ns"
 
 
-def device_op_counts() -> dict[str, int]:
-    """aten ops of one steady-state ``record()`` on the meta device, per tensor path."""
+def device_op_counts(window: int = 512) -> dict[str, float]:
+    """aten ops per ``record()`` on the meta device, per tensor path: the mean over
+    ``window`` records that include the fold they trigger."""
     meta = torch.device("meta")
-    m = ms.Metrics(
-        {"e": ms.Spec("mean"), "a": ms.Spec(("mean", "max", "min")), "len": QUANTILE_SPEC}
-    )
+    specs = {"e": ms.Spec("mean"), "a": ms.Spec(("mean", "max", "min")), "len": QUANTILE_SPEC}
     t = torch.zeros(4, 256, device=meta)
     mask = torch.zeros(4, 256, dtype=torch.bool, device=meta)
     scalar = torch.zeros((), device=meta)
     ints = torch.zeros(8, dtype=torch.int64, device=meta)
-    cases: dict[str, Callable[[], None]] = {  # inputs made outside the counted block
-        "0-d tensor (mean)": lambda: m.record("s", scalar),
-        "masked (4, 256) tensor, mean": lambda: m.record("e", t, mask=mask),
-        "masked (4, 256) tensor, (mean, max, min)": lambda: m.record("a", t, mask=mask),
-        "8 ints (int64 tensor), (mean, p50, p99)": lambda: m.record("len", ints),
+    cases: dict[str, Callable[[ms.Metrics], None]] = {  # inputs made outside the count
+        "0-d tensor (mean)": lambda m: m.record("s", scalar),
+        "masked (4, 256) tensor, mean": lambda m: m.record("e", t, mask=mask),
+        "masked (4, 256) tensor, (mean, max, min)": lambda m: m.record("a", t, mask=mask),
+        "8 ints (int64 tensor), (mean, p50, p99)": lambda m: m.record("len", ints),
     }
     out = {}
-    for label, fn in cases.items():
-        fn()
-        with count_device_ops() as ops:
-            fn()
-        out[label] = ops.total()
+    with meta_records():  # meta tensors stand in for an accelerator's
+        for label, fn in cases.items():
+            m = ms.Metrics(specs)
+            for _ in range(REF_LIMIT - window // 2):  # the fold falls inside the window
+                fn(m)
+            with count_device_ops() as ops:
+                for _ in range(window):
+                    fn(m)
+            out[label] = ops.total() / window
     return out
 
 
-def device_cpu_cost(repeats: int, records: int = 2_000) -> tuple[float, float]:
-    """Seconds per 0-d ``record()`` on the meta device against the two ops it dispatches
-    (a ``select`` and a ``copy_`` into a buffer): the CPU work metricsync adds around the
-    kernels, since a meta op launches nothing. Medians of interleaved repeats."""
-    meta = torch.device("meta")
-    scalars = [torch.zeros((), device=meta) for _ in range(60)]
-    buf = torch.empty(1 << 16, dtype=torch.float64, device=meta)
-    m = ms.Metrics({"s/*": ms.Spec("mean")})
-    names = [f"s/{i}" for i in range(60)]
+def device_cpu_cost(repeats: int) -> dict[str, float]:
+    """Seconds of CPU per 0-d ``record()`` of a device tensor, medians of interleaved
+    repeats of ``REF_LIMIT`` records each (so each repeat holds one fold): on the meta
+    device (no kernel runs; the fold's ``torch.stack`` there is torch's Python meta
+    kernel, slower than the C++ one a GPU runs), between folds only, and on CPU tensors
+    sent down the accelerator path (C++ kernels, tiny data); against a Python float
+    record into the same names."""
+    from metricsync import _convert
 
-    def ours() -> dict[str, float]:
-        for _ in range(records // 60):
+    names = [f"s/{i}" for i in range(64)]
+    per = REF_LIMIT // len(names)
+
+    def run(values: list[Any]) -> Callable[[], dict[str, float]]:
+        m = ms.Metrics({"s/*": ms.Spec("mean")})
+        for name, x in zip(names, values):
+            m.record(name, x)
+
+        def go() -> dict[str, float]:
+            for _ in range(per):
+                for name, x in zip(names, values):
+                    m.record(name, x)
+            return {}
+
+        return go
+
+    out: dict[str, list[float]] = defaultdict(list)
+    with meta_records():
+        sides = {
+            "meta, a fold included": run([torch.zeros((), device="meta") for _ in names]),
+            "float": run([1.0 for _ in names]),
+        }
+        for r in range(repeats):
+            for label, fn in sides.items() if r % 2 == 0 else reversed(sides.items()):
+                start = time.process_time()
+                fn()
+                out[label].append(time.process_time() - start)
+        scalars = [torch.zeros((), device="meta") for _ in names]
+        for _ in range(repeats):  # records only: a fresh Metrics, fewer than the bound
+            m = ms.Metrics({"s/*": ms.Spec("mean")})
             for name, x in zip(names, scalars):
                 m.record(name, x)
-        m.reset()  # a compute on meta would read the device; the records are what we time
-        return {}
-
-    def bare() -> dict[str, float]:
-        for _ in range(records // 60):
-            for i, x in enumerate(scalars):
-                buf.select(0, i).copy_(x)
-        return {}
-
-    ours_s, bare_s = interleaved_medians(Path("", "", ours, bare, 1, None, close()), repeats)
-    per = records // 60 * 60
-    return ours_s / per, bare_s / per
+            start = time.process_time()
+            for _ in range(per // 2):
+                for name, x in zip(names, scalars):
+                    m.record(name, x)
+            out["meta, between folds"].append((time.process_time() - start) * 2)
+    held = _convert.HOST_DEVICE_TYPES
+    _convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors down the accelerator path
+    try:
+        cpu = run([torch.zeros(()) for _ in names])
+        for _ in range(repeats):
+            start = time.process_time()
+            cpu()
+            out["CPU as the accelerator, a fold included"].append(time.process_time() - start)
+    finally:
+        _convert.HOST_DEVICE_TYPES = held
+    return {label: statistics.median(t) / (per * len(names)) for label, t in out.items()}
 
 
 def main() -> None:
@@ -447,8 +483,12 @@ def main() -> None:
         "--scale", type=float, default=1.0, help="multiply the records per row (default 1)"
     )
     parser.add_argument("--elements", type=int, default=1_000_000, help="the big masked tensor")
+    parser.add_argument("--device-only", action="store_true", help="only the device figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.device_only:
+        device_figures(args.repeats)
+        return
 
     def n(base: int) -> int:
         return max(8, int(base * args.scale) // 8 * 8)
@@ -476,15 +516,19 @@ def main() -> None:
             flush=True,
         )
     print()
-    print("aten ops per record() of a device tensor, counted on the meta device")
-    print("(budgets: 0-d <= 2, masked mean <= 8, (mean, max, min) <= 12, quantile <= 12)")
+    device_figures(args.repeats)
+
+
+def device_figures(repeats: int) -> None:
+    """The device rows: ops per record on meta, and CPU per 0-d record."""
+    print("aten ops per record() of a device tensor, counted on the meta device,")
+    print("amortized over 512 records and the fold among them")
+    print("(budgets: 0-d <= 0.1, masked (4, 256) (mean, max, min) <= 1)")
     for label, count in device_op_counts().items():
-        print(f"  {label:<42} {count:>4}")
-    ours, bare = device_cpu_cost(args.repeats)
-    print(
-        f"CPU per 0-d record() on meta: {fmt_time(ours)}, its two ops alone {fmt_time(bare)}"
-        f" ({ours / bare:.2f}x)"
-    )
+        print(f"  {label:<42} {count:>7.3f}")
+    print("CPU per 0-d record() of a device tensor (budget: <= 2 us on meta, median):")
+    for label, seconds in device_cpu_cost(repeats).items():
+        print(f"  {label:<42} {fmt_time(seconds):>9}")
 
 
 if __name__ == "__main__":

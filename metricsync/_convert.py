@@ -19,7 +19,9 @@ ValueError: metric 'ent': a mask holds 0/1 or booleans, got np.float64(0.5); use
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,10 @@ __all__ = [
     "host_scalar",
     "host_values",
     "host_weights",
+    "is_plain_tensor",
     "is_torch",
+    "meta_allowed",
+    "meta_records",
 ]
 
 _REAL_KINDS = "biuf"
@@ -92,6 +97,7 @@ def _readable_dtypes() -> frozenset[Any]:
     if _READABLE is None:
         import torch
 
+        _STRIDED[0] = torch.strided
         names = [n for group in _READABLE_DTYPES for n in group if hasattr(torch, n)]
         _READABLE = frozenset(getattr(torch, n) for n in names)
     return _READABLE
@@ -100,10 +106,42 @@ def _readable_dtypes() -> frozenset[Any]:
 _READABLE: frozenset[Any] | None = None
 
 
+def is_plain_tensor(t: Any) -> bool:
+    """Whether ``t`` is a dense tensor of a readable dtype (what :func:`check_tensor` lets
+    pass, but for the ``meta`` check): a cheap test for the fast paths."""
+    return t.layout is _STRIDED[0] and t.dtype in (_READABLE or _readable_dtypes())
+
+
+_STRIDED: list[Any] = [None]  # torch.strided, once torch is loaded
+_META_STANDINS = [0]  # open blocks in which meta tensors stand in for an accelerator's
+
+
+@contextlib.contextmanager
+def meta_records() -> Iterator[None]:
+    """Inside the block, tensors on the ``meta`` device are recorded as an accelerator's
+    would be (their ops counted, no data read); outside it they are refused at the record."""
+    _META_STANDINS[0] += 1
+    try:
+        yield
+    finally:
+        _META_STANDINS[0] -= 1
+
+
+def meta_allowed() -> bool:
+    """Whether meta tensors stand in for an accelerator's now (see :func:`meta_records`)."""
+    return _META_STANDINS[0] > 0
+
+
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
-    """``TypeError`` naming the metric for tensors metricsync cannot read as real samples."""
+    """``TypeError`` naming the metric for tensors metricsync cannot read as real samples
+    (a ``meta`` tensor holds none: refused outside :func:`meta_records`, unless empty)."""
     torch = sys.modules["torch"]
     strided = t.layout is torch.strided
+    if t.is_meta and not _META_STANDINS[0] and t.numel():
+        raise TypeError(
+            f"metric {name!r}: a {what} tensor on the 'meta' device holds no data to record "
+            "(metricsync.testing.meta_records() lets tests record them as stand-ins)"
+        )
     if strided and t.dtype in _readable_dtypes() and not (t.is_quantized or t.is_nested):
         return
     if t.is_complex():

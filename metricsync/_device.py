@@ -1,21 +1,28 @@
-"""Accelerator tensors: a bounded pending buffer per device, folded with segment reductions.
+"""Accelerator tensors: pending records of one device, folded with segment reductions.
 
-Recording copies a tensor's elements into a preallocated float64 buffer on
-its own device (a 0-d tensor: one ``select`` and one ``copy_``; a masked
-tensor: six ops), with the record's slot, length and time kept on the host.
-It never reads the device: no ``.item()``, ``.cpu()``, boolean indexing or
-host-to-device copy. A fold reduces every pending record of the device at
-once into per-metric state columns (``index_add_``/``scatter_reduce_`` over
-the records' slots, a few dozen ops whatever their number) and merges them
-into the device's accumulated state. It runs when the buffer fills (the
-buffer's bound is the memory bound) and, without changing anything, for
-every ``compute()``/``sync()``, which then copy the state to the host once
-per device.
+A record launches nothing: it keeps a reference to the tensor (detached from any
+autograd graph) with its version counter (:mod:`metricsync._device_refs`), with
+the record's row, weight kind and time on the host. A tensor whose storage is a
+view into a much larger one, and one in-place-changed records can't see, is
+copied into a preallocated float64 buffer instead (a ``copy_``; a mask or weight
+adds a few ops). It never reads the device: no ``.item()``, ``.cpu()``, boolean
+indexing or blocking host-to-device copy.
+
+A fold reduces every pending record of the device at once: the references are
+stacked (one ``torch.stack`` per dtype, or per shape and weight kind), and the
+device fold (:mod:`metricsync._device_fold`) reduces them into per-metric state
+columns with a few dozen ops, merged into the device's accumulated state (only
+the columns some metric carries). It runs when a bound is reached, so its
+points depend on the records alone: 1,024 pending references or 2M referenced
+elements (``REF_LIMIT``, ``REF_ELEMENTS``), or a full copy buffer (at most 2M
+float64 elements, values and weights: 32 MiB); the fold's temporaries are a few
+times that. It also runs, changing nothing, for every ``compute()``/``sync()``,
+which then copy the state to the host once per device.
 
 Value checks that need the data (a negative or non-finite weight, a mask
-that is not 0/1, a non-finite sample under ``nan="error"``) run inside the
-fold: a failing record is left out and flagged, and the next ``compute()``
-raises naming the metric.
+that is not 0/1, a non-finite sample under ``nan="error"``, a referenced tensor
+changed in place before the fold) run inside the fold: a failing record is left
+out and flagged, and the next ``compute()`` raises naming the metric.
 
 >>> import torch
 >>> from metricsync._spec import Spec
@@ -28,7 +35,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,14 +43,26 @@ import torch
 
 from . import _algebra as al
 from ._device_fold import BAD_MASK, BAD_NAN, BAD_WEIGHT, fold_batch
+from ._device_refs import (
+    BAD_CHANGED,
+    BOOL_MASK,
+    MASK,
+    PLAIN,
+    REF_ELEMENTS,
+    REF_LIMIT,
+    VIEW_SLACK,
+    WEIGHT,
+    Ref,
+    gather,
+    keepable,
+)
 from ._sketch import sketch_layout
 from ._spec import Spec
 
-__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
+__all__ = ["BAD_CHANGED", "BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
 
 _F64 = torch.float64
 _START, _LIMIT = 1 << 16, 1 << 21  # buffer elements: first size, and the bound it doubles to
-_PLAIN, _WEIGHT, _MASK = 0, 1, 2  # what a record's weights are, and what to check of them
 
 #: ``(slots, cols, sketches, bad)`` of one device on the host: state columns
 #: ``(NCOL_ALL, len(slots))``, each sketch slot's cells, each slot's first error code
@@ -71,11 +90,28 @@ def _fill_weights(target: torch.Tensor, weight: Any, mask: Any) -> None:
         target.mul_(torch.where((mask == 0) | (mask == 1), mask, float("nan")))
 
 
+def _side_stream_check(device: torch.device) -> Callable[[], bool]:
+    """A cheap test of whether a CUDA stream other than ``device``'s default one is
+    current (references are taken only on the default stream; a record on another is
+    copied there, ordered after that stream's work); never true off CUDA."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if device.type != "cuda" or raw is None:
+        return lambda: False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return lambda: bool(raw(index))  # the default (null) stream is 0
+
+
+def _wait_for_default_stream(device: torch.device) -> None:
+    """Make the current stream wait for ``device``'s default one (no host wait)."""
+    torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+
+
 class DeviceState:
     """Pending records and accumulated state of the metrics recorded on one device."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.meta = device.type == "meta"  # a stand-in for an accelerator (tests only)
         self.slots: list[int] = []  # device row -> table slot
         self.rows: dict[int, int] = {}  # table slot -> device row
         self.specs: list[Spec] = []
@@ -84,18 +120,25 @@ class DeviceState:
         self.sketch: dict[float, torch.Tensor] = {}  # accuracy -> (rows, cells)
         self.sketch_rows: dict[int, tuple[float, int]] = {}  # device row -> (accuracy, index)
         self._sketch_count: dict[float, int] = {}
+        self._carried: set[int] = set()  # the state columns some row's spec carries
+        self._stamped: set[int] = set()  # rows whose spec reads the time of a record
         self._capacity = _START
         self._vals: torch.Tensor | None = None
         self._wts: torch.Tensor | None = None
         self._records: list[tuple[int, int, int, int, float]] = []  # row, start, n, kind, stamp
         self._used = 0
+        self._scalars: list[tuple[int, torch.Tensor, int, float]] = []  # row, t, version, stamp
+        self._refs: list[Ref] = []
+        self._ref_elements = 0
+        self._host_bad: dict[int, float] = {}  # row -> error code found on the host
+        self._side_stream = _side_stream_check(device)
         self._commits = 0  # folds into the state so far
         self._seen: tuple[Any, Snapshot] | None = None  # the last snapshot and what it saw
 
     @property
     def has_records(self) -> bool:
         """Whether any record is pending or folded here."""
-        return bool(self._records) or bool(self.slots)
+        return bool(self._records or self._scalars or self._refs or self.slots)
 
     def recorded_slots(self) -> set[int]:
         """Table slots holding records on this device (folded or pending)."""
@@ -110,6 +153,11 @@ class DeviceState:
             row = self.rows[slot] = len(self.slots)
             self.slots.append(slot)
             self.specs.append(spec)
+            self._carried |= set(al.needed_columns(spec))
+            if al.LAST in self._carried:
+                self._carried.add(al.T)
+            if "last" in spec.reduce:
+                self._stamped.add(row)
         return row
 
     def add(
@@ -124,30 +172,67 @@ class DeviceState:
         self.pend(row, x, weight, mask, now)
         return row
 
+    def pend_scalar(self, row: int, x: torch.Tensor) -> None:
+        """Pend a checked 0-d tensor: a reference, no op (a ``detach`` if it is in a graph)."""
+        if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream():  # copied now
+            self._copy(row, x, None, None, PLAIN, al.now_us())
+            return
+        if x.requires_grad:
+            x = x.detach()  # the graph is not kept; the version counter is shared
+        scalars = self._scalars
+        scalars.append((row, x, x._version, al.now_us() if row in self._stamped else 0.0))
+        if len(scalars) >= REF_LIMIT:
+            self.commit()
+
     def pend(self, row: int, x: torch.Tensor, weight: Any, mask: Any, now: float) -> None:
         """:meth:`add` for a row this state already has."""
         n = x.numel()
         kind = (
-            _PLAIN if weight is None and mask is None else _WEIGHT if weight is not None else _MASK
+            PLAIN
+            if weight is None and mask is None
+            else WEIGHT
+            if weight is not None
+            else BOOL_MASK
+            if mask.dtype == torch.bool
+            else MASK
         )
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
-            w = None if kind == _PLAIN else self._weights_of(x, weight, mask)
-            self._merge(self._fold_batch(x.reshape(-1), w, [(row, 0, n, kind, now)]))
+            w = None if kind == PLAIN else self._weights_of(x, weight, mask)
+            record = np.array([[row, 0, n, kind, now]], dtype=np.float64)
+            self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
+        parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
+        if all(map(keepable, parts)) and not self._side_stream():  # a reference: no launch
+            if x.requires_grad or (isinstance(weight, torch.Tensor) and weight.requires_grad):
+                parts = [t.detach() for t in parts]
+                x = parts[0]
+                weight = parts[1] if isinstance(weight, torch.Tensor) else weight
+            if x.dim() == 0 and kind == PLAIN:
+                self._scalars.append((row, x, x._version, now))
+            else:
+                versions = tuple(t._version for t in parts)
+                self._refs.append(Ref(row, x, weight, mask, kind, versions, now))
+                self._ref_elements += sum(t.numel() for t in parts)
+            if len(self._scalars) + len(self._refs) >= REF_LIMIT or (
+                self._ref_elements > REF_ELEMENTS
+            ):
+                self.commit()
+            return
+        self._copy(row, x, weight, mask, kind, now)
+
+    def _copy(
+        self, row: int, x: torch.Tensor, weight: Any, mask: Any, kind: int, now: float
+    ) -> None:
+        """Pend a record as a copy into the buffer (enqueued on the current stream)."""
+        n = x.numel()
         if self._used + n > self._capacity or self._vals is None:
             self.commit(room=n)
         assert self._vals is not None
         start, self._used = self._used, self._used + n
-        if kind == _PLAIN and not x.requires_grad:  # the hot path: no grad mode to switch
-            if x.dim() == 0:
-                self._vals.select(0, start).copy_(x)
-            else:
-                self._vals.narrow(0, start, n).view(x.shape).copy_(x)
-        else:
-            with torch.no_grad():  # a copy from a tensor that requires grad records nothing
-                self._vals.narrow(0, start, n).view(x.shape).copy_(x)
-                if kind != _PLAIN:
-                    self._write_weights(start, x, weight, mask)
+        with torch.no_grad():  # a copy from a tensor that requires grad records nothing
+            self._vals.narrow(0, start, n).view(x.shape).copy_(x)
+            if kind != PLAIN:
+                self._write_weights(start, x, weight, mask)
         self._records.append((row, start, n, kind, now))
 
     def _write_weights(self, start: int, x: torch.Tensor, weight: Any, mask: Any) -> None:
@@ -165,10 +250,9 @@ class DeviceState:
     def commit(self, room: int = 0) -> None:
         """Fold the pending records into the accumulated state; size the buffer for what
         comes (at least ``room`` elements, at most ``_LIMIT``)."""
-        if self._records:
-            assert self._vals is not None
-            w = self._wts[: self._used] if self._wts is not None else None
-            self._merge(self._fold_batch(self._vals[: self._used], w, self._records))
+        batch = self._pending_batch()
+        if batch is not None:
+            self._merge(batch)
             grow = self._used > self._capacity // 2 and self._capacity < _LIMIT
             self._capacity = min(2 * self._capacity, _LIMIT) if grow else self._capacity
         while self._capacity < room:  # a record larger than the buffer: doubled to fit
@@ -177,14 +261,64 @@ class DeviceState:
             self._vals = torch.empty(self._capacity, dtype=_F64, device=self.device)
             self._wts = None
         self._records, self._used = [], 0
+        self._scalars, self._refs, self._ref_elements = [], [], 0
 
-    def _merge(self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]) -> None:
+    def _pending_batch(
+        self,
+    ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None] | None:
+        """Every pending record (copied and referenced) folded into state columns, or
+        None when none is pending. Rows of changed references are flagged on the host."""
+        if not (self._records or self._scalars or self._refs):
+            return None
+        xs: list[torch.Tensor] = []
+        ws: list[torch.Tensor | None] = []
+        tables: list[np.ndarray] = []
+        if self._records:
+            assert self._vals is not None
+            xs.append(self._vals[: self._used])
+            ws.append(None if self._wts is None else self._wts[: self._used])
+            tables.append(np.array(self._records, dtype=np.float64))
+        if (self._scalars or self._refs) and self._side_stream():
+            _wait_for_default_stream(self.device)  # references were taken on it
+        more_x, more_w, more_tables, changed = gather(
+            self._scalars, self._refs, self._used, self.upload
+        )
+        for row in changed:
+            self._host_bad[row] = max(self._host_bad.get(row, 0.0), BAD_CHANGED)
+        xs += more_x
+        ws += more_w
+        tables += more_tables
+        if not tables:
+            return None
+        records = tables[0] if len(tables) == 1 else np.concatenate(tables)
+        x = xs[0] if len(xs) == 1 else torch.cat(xs)
+        w = None
+        if records[:, 3].any():  # a weighted or masked record
+            filled = [
+                torch.empty(len(xi), dtype=_F64, device=self.device) if wi is None else wi
+                for xi, wi in zip(xs, ws)
+            ]
+            w = filled[0] if len(filled) == 1 else torch.cat(filled)
+        return self._fold_batch(x, w, records)
+
+    def _merge(
+        self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]
+    ) -> None:
         self._commits += 1
-        cols, sketches, bad = batch
-        self.state = al.merge(self._grown(self.state, al.IDENTITY), cols, torch)
-        for accuracy, cells in sketches.items():
-            self.sketch[accuracy] = self._grown_sketch(accuracy) + cells
-        self.bad = torch.maximum(self._grown(self.bad, None), bad)
+        self.state, self.sketch, self.bad = self._merged(batch)
+
+    def _merged(
+        self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]
+    ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]:
+        """The accumulated state, sketches and error codes with ``batch`` merged in (new
+        tensors: the accumulated ones are left as they are)."""
+        cols, cells, more_bad = batch
+        state = al.merge(self._grown(self.state, al.IDENTITY), cols, torch, self._carried)
+        sketch = dict(self.sketch)
+        for accuracy, add in cells.items():
+            sketch[accuracy] = self._grown_sketch(accuracy) + add
+        bad = self._grown(self.bad, None)
+        return state, sketch, bad if more_bad is None else torch.maximum(bad, more_bad)
 
     def _grown(self, t: torch.Tensor, fill: np.ndarray | None) -> torch.Tensor:
         """``t`` widened to the current number of rows (new rows hold no samples)."""
@@ -227,10 +361,11 @@ class DeviceState:
         self,
         x: torch.Tensor,
         wts: torch.Tensor | None,
-        records: Sequence[tuple[int, int, int, int, float]],
-    ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]:
-        """State columns of every device row, sketch additions and error codes of a batch."""
-        for row in {r for r, *_ in records}:
+        records: np.ndarray,
+    ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]:
+        """State columns of every device row, sketch additions and error codes of a batch
+        (``records``: an ``(r, 5)`` array of ``(row, start, n, kind, stamp)``)."""
+        for row in np.unique(records[:, 0]).astype(np.intp).tolist():
             if self.specs[row].needs_sketch:
                 self._sketch_index(row)
         return fold_batch(
@@ -250,7 +385,14 @@ class DeviceState:
 
         Changes nothing, so observing leaves later results exactly as they would be.
         """
-        key = (len(self._records), self._used, len(self.slots), self._commits)
+        key = (
+            len(self._records),
+            self._used,
+            len(self._scalars),
+            len(self._refs),
+            len(self.slots),
+            self._commits,
+        )
         if self._seen is not None and self._seen[0] == key:
             return self._seen[1]
         snap = self._snapshot()
@@ -259,17 +401,11 @@ class DeviceState:
 
     def _snapshot(self) -> Snapshot:
         state, sketch, bad = self.state, self.sketch, self.bad
-        if self._records:
-            assert self._vals is not None
-            w = self._wts[: self._used] if self._wts is not None else None
-            cols, more_cells, more_bad = self._fold_batch(
-                self._vals[: self._used], w, self._records
-            )
-            state = al.merge(self._grown(state, al.IDENTITY), cols, torch)
-            sketch = {acc: t for acc, t in sketch.items() if acc not in more_cells} | {
-                acc: self._grown_sketch(acc) + c for acc, c in more_cells.items()
-            }
-            bad = torch.maximum(self._grown(bad, None), more_bad)
+        batch = self._pending_batch()
+        if batch is not None:
+            state, sketch, bad = self._merged(batch)
+        else:  # rows whose only records were left out (changed in place) hold none
+            state, bad = self._grown(state, al.IDENTITY), self._grown(bad, None)
         parts = [state.reshape(-1), bad] + [sketch[acc].reshape(-1) for acc in sorted(sketch)]
         flat = torch.cat(parts).cpu().numpy()
         k = len(self.slots)
@@ -285,10 +421,13 @@ class DeviceState:
         for row, (acc, index) in self.sketch_rows.items():
             if acc in blocks and index < blocks[acc].shape[0]:
                 cells[self.slots[row]] = blocks[acc][index]
+        for row, code in self._host_bad.items():
+            errors[row] = max(errors[row], code)
         return list(self.slots), host_cols, cells, errors
 
     def clear_errors(self) -> None:
         """Forget reported errors (their records were left out) after folding what is pending."""
         self.commit()
         self.bad = torch.zeros_like(self.bad)
+        self._host_bad = {}
         self._commits += 1

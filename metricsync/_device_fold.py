@@ -23,7 +23,6 @@ the number of records or metrics.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,14 +31,20 @@ from . import _algebra as al
 from ._sketch import cells_torch, sketch_layout
 from ._spec import Spec
 
-__all__ = ["BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "device_error", "fold_batch"]
+__all__ = ["BAD_CHANGED", "BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "device_error", "fold_batch"]
 
 _F64 = torch.float64
 BAD_WEIGHT, BAD_MASK, BAD_NAN = 1.0, 2.0, 3.0  #: error codes of a row, the larger wins
+BAD_CHANGED = 4.0  #: a referenced tensor was changed in place before the fold read it
 
 
 def device_error(name: str, code: float) -> ValueError:
     """The error of a device record of ``name`` that failed its checks (``code``)."""
+    if code == BAD_CHANGED:
+        return ValueError(
+            f"metric {name!r}: a recorded tensor was changed in place before metricsync "
+            "read it (record a .clone() of a tensor you overwrite); that record was discarded"
+        )
     what = {
         BAD_NAN: "a non-finite sample under nan='error'",
         BAD_MASK: "a mask value other than 0 or 1 (use weight= for fractions)",
@@ -55,50 +60,78 @@ def fold_batch(
     specs: Sequence[Spec],
     x: torch.Tensor,
     wts: torch.Tensor | None,
-    records: Sequence[tuple[int, int, int, int, float]],
+    records: np.ndarray,
     sketch_of: Mapping[int, tuple[float, int]],
     sketch_rows: Mapping[float, int],
     upload: Callable[[np.ndarray], torch.Tensor],
-) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor]:
-    """``(cols (NCOL_ALL, rows), {accuracy: sketch additions}, error code per row)``.
+) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]:
+    """``(cols (NCOL_ALL, rows), {accuracy: sketch additions}, error code per row or None)``.
 
-    ``records`` are ``(row, start, n, kind, stamp)``, contiguous from ``x[0]``;
-    ``kind`` 0 means unweighted, 1 a weight (checked finite and >= 0), 2 a
-    mask alone (checked 0/1). ``sketch_of`` maps rows with a sketch to
-    ``(accuracy, index)``; ``sketch_rows`` gives each accuracy's row count.
+    ``records`` is an ``(r, 5)`` array of ``(row, start, n, kind, stamp)``, covering ``x``
+    in order of start; ``kind`` 0 means unweighted, 1 a weight (checked finite and >= 0), 2 a
+    mask alone (checked 0/1), 3 a boolean mask alone (nothing to check). Of two
+    records, the one with the later stamp is the later one (``last``).
+    ``sketch_of`` maps rows with a sketch to ``(accuracy, index)``; ``sketch_rows``
+    gives each accuracy's row count. Ops: a few dozen, by the columns the metrics
+    need and the checks the records need, whatever the number of records.
     """
     n_rows, r, n = len(specs), len(records), x.numel()
-    rec = np.array(records, dtype=np.float64).reshape(r, 5).T
-    rows_here = sorted({int(v) for v in rec[0]})
+    rec = records.T
+    rows_here = np.unique(rec[0]).astype(np.intp).tolist()
     used = [specs[i] for i in rows_here]
-    need = set().union(*(al.needed_columns(s) for s in used))
+    needed = set().union(*(al.needed_columns(s) for s in used)) | {al.W, al.S}
+    for pair in ((al.MAX, al.NEGMIN), (al.LAST, al.T)):  # computed together
+        if needed & set(pair):
+            needed |= set(pair)
+    need = sorted(needed - {al.MAXRANK, al.MINRANK})  # ranks: across ranks, not here
+    kinds = set(np.unique(rec[3]).tolist())
+    singles = bool((rec[2] == 1).all())  # every record one sample: rows are elements' rows
     accs = sorted({sketch_of[row][0] for row in rows_here if row in sketch_of})
     sketch_maps = [np.full(n_rows, -1.0) for _ in accs]
     for row, (acc, index) in sketch_of.items():
         if acc in accs:  # rows of other accuracies have no records in this batch
             sketch_maps[accs.index(acc)][row] = index
     policies = np.array([_POLICY[s.nan] for s in specs])
-    host = np.concatenate([rec[0], rec[2], rec[3], rec[4], policies, al.IDENTITY, *sketch_maps])
-    meta = upload(host)
-    rec_row, rec_len = meta[:r].long(), meta[r : 2 * r].long()
-    rec_kind, rec_stamp = meta[2 * r : 3 * r], meta[3 * r : 4 * r]
-    policy = meta[4 * r : 4 * r + n_rows]
-    ident = meta[4 * r + n_rows : 4 * r + n_rows + al.NCOL_ALL]
-    maps = meta[4 * r + n_rows + al.NCOL_ALL :].reshape(len(accs), n_rows)
-    elem_rec = torch.repeat_interleave(torch.arange(r, device=device), rec_len, output_size=n)
-    elem_row = rec_row[elem_rec]
+    has_policy = {s.nan for s in used} - {"propagate"}
+    mixed = len(kinds - {0}) > 0 and 0 in kinds  # weighted records beside plain ones
+    checks = bool(kinds & {1, 2})
+    last = al.LAST in need
+    # ints: rows, lengths, needed columns, last-order keys; floats: the rest
+    order = np.argsort(rec[4], kind="stable")
+    rank = np.empty(r)
+    rank[order] = np.arange(r)
+    ints = [rec[0], rec[2], np.array(need, dtype=np.float64)]
+    if last:
+        ints.append(rank * n - rec[1])  # a sample's order: its record's rank, then its place
+    floats = [al.IDENTITY, rec[3], rec[4], policies, *sketch_maps]
+    sizes = [len(a) for a in ints + floats]
+    meta = upload(np.concatenate(ints + floats))
+    n_int = sum(sizes[: len(ints)])
+    int_part = meta.narrow(0, 0, n_int).long().split(sizes[: len(ints)])
+    float_part = meta.narrow(0, n_int, len(meta) - n_int).split(sizes[len(ints) :])
+    rec_row, rec_len, need_idx = int_part[:3]
+    ident, rec_kind, rec_stamp, policy = float_part[:4]
+    maps = float_part[4:]
+    need_rec = mixed or checks or last or "error" in has_policy
+    elem_rec: torch.Tensor | None = None
+    if need_rec:
+        elem_rec = torch.arange(r, device=device)
+        if not singles:
+            elem_rec = torch.repeat_interleave(elem_rec, rec_len, output_size=n)
+    elem_row = rec_row if singles else torch.repeat_interleave(rec_row, rec_len, output_size=n)
     x = x.to(_F64)
 
     # value checks: a failing record is left out and its row flagged
     code = None
     w = None
-    if wts is not None and rec[3].any():
+    if wts is not None and kinds - {0}:
+        w = torch.where(rec_kind[elem_rec] > 0, wts, 1.0) if mixed else wts
+    if checks:
+        assert w is not None and elem_rec is not None
         kind = rec_kind[elem_rec]
-        w = torch.where(kind > 0, wts, 1.0)
         bad_w = (kind == 1) & ((w < 0) | ~torch.isfinite(w))
         bad_m = (kind == 2) & (w != 0) & (w != 1)
         code = torch.where(bad_w, BAD_WEIGHT, torch.where(bad_m, BAD_MASK, 0.0))
-    has_policy = {s.nan for s in used} - {"propagate"}
     nonfinite = ~torch.isfinite(x) if has_policy else None
     pol = policy[elem_row] if has_policy else None
     positive = None if w is None else w > 0
@@ -107,14 +140,19 @@ def fold_batch(
         bad_n = (pol == 2) & nonfinite
         bad_n = bad_n if positive is None else bad_n & positive
         code = torch.where(bad_n, BAD_NAN, 0.0 if code is None else code)
-    bad = torch.zeros(n_rows, dtype=_F64, device=device)
+    bad = None
     keep = positive
     if code is not None:
-        rec_code = torch.zeros(r, dtype=_F64, device=device).scatter_reduce_(
-            0, elem_rec, code.to(_F64), "amax"
-        )
+        if singles:
+            rec_code = code.to(_F64)
+        else:
+            assert elem_rec is not None
+            rec_code = torch.zeros(r, dtype=_F64, device=device).scatter_reduce_(
+                0, elem_rec, code.to(_F64), "amax"
+            )
+        bad = torch.zeros(n_rows, dtype=_F64, device=device)
         bad = bad.scatter_reduce_(0, rec_row, rec_code, "amax")
-        ok = rec_code[elem_rec] == 0
+        ok = rec_code == 0 if singles else rec_code[elem_rec] == 0
         keep = ok if keep is None else keep & ok
     drop = None
     if "ignore" in has_policy:
@@ -125,7 +163,7 @@ def fold_batch(
     w_eff = None if keep is None else keep.to(_F64) if w is None else torch.where(keep, w, 0.0)
     x0 = x if keep is None else torch.where(keep, x, 0.0)
 
-    cols: list[Any] = [ident[i].expand(n_rows) for i in range(al.NCOL_ALL)]
+    cols: dict[int, torch.Tensor] = {}
     zeros = torch.zeros(n_rows, dtype=_F64, device=device)
     if w_eff is None:
         cols[al.W] = zeros.index_add(0, rec_row, rec_len.to(_F64))
@@ -138,12 +176,17 @@ def fold_batch(
         low = -x if keep is None else torch.where(keep, -x, -torch.inf)
         cols[al.MAX] = ident[al.MAX].expand(n_rows).scatter_reduce(0, elem_row, kept, "amax")
         cols[al.NEGMIN] = ident[al.NEGMIN].expand(n_rows).scatter_reduce(0, elem_row, low, "amax")
-    if al.LAST in need:
-        pos = torch.arange(n, device=device)
-        pos = pos if keep is None else torch.where(keep, pos, -1)
+    if last:
+        assert elem_rec is not None
+        key = int_part[3][elem_rec] + torch.arange(n, device=device)
+        key = key if keep is None else torch.where(keep, key, -1)
         latest = torch.full((n_rows,), -1, dtype=torch.int64, device=device)
-        latest = latest.scatter_reduce_(0, elem_row, pos, "amax")
-        found, at = latest >= 0, latest.clamp(min=0)
+        latest = latest.scatter_reduce_(0, elem_row, key, "amax")
+        hit = torch.where(key == latest[elem_row], torch.arange(n, device=device), -1)
+        hit = hit if keep is None else torch.where(keep, hit, -1)
+        at = torch.full((n_rows,), -1, dtype=torch.int64, device=device)
+        at = at.scatter_reduce_(0, elem_row, hit, "amax")
+        found, at = at >= 0, at.clamp(min=0)
         cols[al.LAST] = torch.where(found, x[at], 0.0)
         cols[al.T] = torch.where(found, rec_stamp[elem_rec[at]], -torch.inf)
     if al.M2 in need:
@@ -157,7 +200,10 @@ def fold_batch(
     sketches = {}
     for i, acc in enumerate(accs):
         sketches[acc] = _sketch_cells(acc, maps[i], sketch_rows[acc], x, w_eff, elem_row)
-    return torch.stack(cols), sketches, bad
+    assert sorted(cols) == need
+    stacked = torch.stack([cols[c] for c in need])
+    out = ident.unsqueeze(1).expand(al.NCOL_ALL, n_rows)
+    return out.index_copy(0, need_idx, stacked), sketches, bad
 
 
 def _sketch_cells(

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._convert import meta_allowed
 from ._spec import Spec
 from ._table import StateTable
 
@@ -41,15 +42,22 @@ class Devices:
 
         state = self.states.get(x.device)
         if state is None:
-            state = self.states[x.device] = DeviceState(x.device)
+            try:  # float64 state on the device (a device without float64, e.g. mps: refused)
+                state = DeviceState(x.device)
+            except (TypeError, RuntimeError) as exc:
+                raise TypeError(
+                    f"metric {name!r}: tensors on {x.device} cannot be accumulated there "
+                    f"({exc}); record them on another device, e.g. t.cpu()"
+                ) from None
+            self.states[x.device] = state
         row = state.add(slot, spec, x, w, m, now)
         self.lanes[name] = (x.device, state, row)
 
     def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
         """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
         lane = self.lanes.get(name)
-        if lane is None or device != lane[0]:
-            return None
+        if lane is None or device != lane[0] or (lane[1].meta and not meta_allowed()):
+            return None  # a meta lane outside meta_records(): the checked path refuses
         return lane[1], lane[2]
 
     def recorded_slots(self) -> set[int]:

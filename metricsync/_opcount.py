@@ -25,6 +25,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from ._convert import meta_records
+
 __all__ = ["count_blocking_uploads", "count_device_ops"]
 
 
@@ -98,8 +100,16 @@ def count_device_ops(device: Any = "meta") -> Iterator[collections.Counter[str]]
                 counts[str(func.overloadpacket)] += 1
             return out
 
-    with _Counter():
+    with _Counter(), _stand_in(device):
         yield counts
+
+
+def _stand_in(device: Any) -> contextlib.AbstractContextManager[None]:
+    """On the meta device, :func:`~metricsync._convert.meta_records`: records of meta
+    tensors are accepted inside the block, as an accelerator's."""
+    import torch
+
+    return meta_records() if torch.device(device).type == "meta" else contextlib.nullcontext()
 
 
 def _host_data(obj: object) -> bool:
@@ -182,7 +192,7 @@ def count_blocking_uploads(device: Any = "meta") -> Iterator[collections.Counter
                 counts[f"{owner}.{name}"] += 1
             return func(*args, **kwargs)
 
-    with _Uploads():
+    with _Uploads(), _stand_in(device):
         yield counts
 
 

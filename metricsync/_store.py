@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _algebra as al
 from . import _convert
-from ._convert import as_torch, device_inputs, host_record, host_scalar
+from ._convert import as_torch, device_inputs, host_record, host_scalar, is_plain_tensor
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
@@ -241,6 +241,9 @@ class Store:
             lane = self.devices.lane(name, x.device)
             if lane is None:
                 return False
+            if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
+                lane[0].pend_scalar(lane[1], x)  # a reference: nothing launched
+                return True
             w, m = device_inputs(name, x, weight, mask)
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())

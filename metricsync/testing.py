@@ -12,7 +12,10 @@ tensors of one device (the ``meta`` device by default),
 and make the host wait (each a stream synchronization on CUDA), and
 :func:`count_collectives` the ``torch.distributed`` collectives it calls and
 the bytes it hands them: counts and sizes, which tests can assert on a noisy
-machine where timings cannot be.
+machine where timings cannot be. Inside :func:`meta_records` (and inside the
+first two counters on the ``meta`` device) ``record()`` accepts tensors of the
+data-less ``meta`` device as stand-ins for an accelerator's; elsewhere it refuses
+them, naming the metric.
 
 >>> run_distributed(_doctest_rank, world_size=2)
 [0, 2]
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ._convert import meta_records
 from ._opcount import count_blocking_uploads, count_device_ops
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "count_device_ops",
     "format_example",
     "free_port",
+    "meta_records",
     "run_distributed",
 ]
 

@@ -13,7 +13,11 @@ torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 import metricsync as ms  # noqa: E402
 from metricsync import _convert as device_mod  # noqa: E402
-from metricsync.testing import count_blocking_uploads, count_device_ops  # noqa: E402
+from metricsync.testing import (  # noqa: E402
+    count_blocking_uploads,
+    count_device_ops,
+    meta_records,
+)
 
 READS = ("item", "cpu", "tolist", "numpy")
 SPECS = {
@@ -84,7 +88,7 @@ def test_recording_never_reads_the_tensor() -> None:
 
 def test_recording_on_the_meta_device() -> None:
     m = ms.Metrics(SPECS)
-    with no_host_reads() as attempts:
+    with no_host_reads() as attempts, meta_records():
         _record_everything(m, "meta")
         assert set(m.names) == set(SPECS)
         assert len(m) == len(SPECS) and "ent" in m
@@ -111,6 +115,7 @@ def test_recording_and_folding_device_tensors_upload_nothing_blocking() -> None:
     assert ops["aten.scatter_reduce"] > 0 and ops["aten.index_add"] > 0  # folds ran
 
 
+@pytest.mark.usefixtures("meta_standins")
 def test_meta_tensor_with_host_mask_and_weight() -> None:
     m = ms.Metrics()
     x = torch.ones(2, 3, device="meta")
@@ -120,6 +125,13 @@ def test_meta_tensor_with_host_mask_and_weight() -> None:
     assert m.names == ["a"]
     with pytest.raises(ValueError, match="'a'"):
         m.record("a", x, mask=torch.ones(3, 2, dtype=torch.bool, device="meta"))
+
+
+@pytest.fixture
+def meta_standins() -> Iterator[None]:
+    """Meta tensors stand in for an accelerator's (outside, record() refuses them)."""
+    with meta_records():
+        yield
 
 
 class _Transfers:

@@ -1,0 +1,335 @@
+"""Kept references of accelerator records: never a wrong number, and the same results as
+the host path.
+
+A record of an accelerator tensor keeps a reference to it until a fold. CPU tensors
+play the accelerator here (``HOST_DEVICE_TYPES`` emptied), so values can be checked:
+a tensor changed in place before the fold raises naming the metric; a view into a
+large tensor is copied at the record, so a later change of the large tensor changes
+nothing recorded; and any mix of records gives what the host path gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import metricsync as ms  # noqa: E402
+from metricsync import _convert  # noqa: E402
+from metricsync import _device as device_state  # noqa: E402
+
+
+@contextlib.contextmanager
+def cpu_as_accelerator(ref_limit: int | None = None) -> Iterator[None]:
+    """CPU tensors take the accelerator path; ``ref_limit`` pending references fold."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_convert, "HOST_DEVICE_TYPES", frozenset())
+        if ref_limit is not None:
+            mp.setattr(device_state, "REF_LIMIT", ref_limit)
+        yield
+
+
+SPECS = {
+    "x": ms.Spec(("mean", "sum", "count", "min", "max", "last", "std")),
+    "q": ms.Spec(("mean", "p50", "p90")),
+    "ign": ms.Spec(("mean", "count", "last"), nan="ignore"),
+    "err": ms.Spec(("mean", "max"), nan="error"),
+}
+
+
+# --- changed in place before the fold ----------------------------------------
+
+
+def _changes() -> list[tuple[str, Any]]:
+    """Ways to change a recorded tensor (or its weight or mask) in place after the record."""
+
+    def scalar(m: ms.Metrics) -> Any:
+        t = torch.tensor(5.0)
+        m.record("x", t)
+        return lambda: t.add_(100.0)
+
+    def tokens(m: ms.Metrics) -> Any:
+        t = torch.arange(8.0).reshape(2, 4)
+        m.record("x", t, mask=torch.ones(2, 4, dtype=torch.bool))
+        return lambda: t.mul_(3.0)
+
+    def mask(m: ms.Metrics) -> Any:
+        keep = torch.tensor([True, False, True])
+        m.record("x", torch.tensor([1.0, 2.0, 3.0]), mask=keep)
+        return lambda: keep.fill_(True)
+
+    def weight(m: ms.Metrics) -> Any:
+        w = torch.tensor([1.0, 2.0])
+        m.record("x", torch.tensor([1.0, 2.0]), weight=w)
+        return lambda: w.zero_()
+
+    def small_base(m: ms.Metrics) -> Any:
+        stats = torch.tensor([1.0, 2.0, 3.0])  # a small tensor: its view is referenced
+        m.record("x", stats[1])
+        return lambda: stats.mul_(10.0)  # through the base: the view's version moves too
+
+    def in_graph(m: ms.Metrics) -> Any:
+        p = torch.tensor([1.0, 2.0], requires_grad=True)
+        out = p * 2.0
+        m.record("x", out)
+        return lambda: out.detach().add_(1.0)
+
+    return [
+        ("0-d", scalar),
+        ("masked", tokens),
+        ("mask", mask),
+        ("weight", weight),
+        ("view of a small tensor", small_base),
+        ("detached from a graph", in_graph),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("label", "record_then_change"), _changes(), ids=[c[0] for c in _changes()]
+)
+def test_a_tensor_changed_in_place_before_the_fold_raises_naming_the_metric(
+    label: str, record_then_change: Any
+) -> None:
+    m = ms.Metrics(SPECS)
+    with cpu_as_accelerator():
+        m.record("x", torch.tensor(1.0))
+        m.record("q", torch.tensor([4.0, 6.0]))
+        change = record_then_change(m)
+        change()
+        with pytest.raises(ValueError, match=r"metric 'x'.*changed in place") as info:
+            m.compute()
+        assert "discarded" in str(info.value)
+        got = m.compute()  # the changed record is gone, every other one kept
+    assert got["x/count"] == 1.0 and got["x/sum"] == 1.0
+    assert got["q/mean"] == 5.0
+
+
+def test_a_name_whose_only_record_changed_holds_nothing() -> None:
+    # every pending record of the device left out: the fold has nothing, the row stays empty
+    m = ms.Metrics(SPECS)
+    m.record("q", 3.0)
+    with cpu_as_accelerator():
+        stats = torch.tensor([1.0, 2.0])
+        m.record("x", stats[0])
+        stats.add_(1.0)
+        with pytest.raises(ValueError, match=r"metric 'x'.*changed in place"):
+            m.compute()
+        assert m.compute() == {"q/mean": 3.0, "q/p50": 3.0, "q/p90": 3.0}
+
+
+def test_a_change_after_the_fold_changes_nothing() -> None:
+    m = ms.Metrics(SPECS)
+    with cpu_as_accelerator(ref_limit=2):
+        t = torch.tensor(5.0)
+        m.record("x", t)
+        m.record("x", torch.tensor(7.0))  # the second reference folds both
+        t.add_(100.0)
+        assert m.compute()["x/sum"] == 12.0
+
+
+def test_a_view_into_a_large_live_tensor_keeps_its_value_at_the_record() -> None:
+    # a view whose storage is large is copied at the record: it holds none of that memory,
+    # and a later change of the large tensor (seen by its version or not) changes nothing
+    big = torch.arange(100_000, dtype=torch.float64)
+    mask = torch.zeros(100_000, dtype=torch.bool)
+    mask[:8] = True
+    m = ms.Metrics(SPECS)
+    with cpu_as_accelerator():
+        m.record("x", big[3])  # 0-d view
+        m.record("x", big[10:14], mask=mask[:4])  # a view and its mask, both of large tensors
+        m.record("x", big[20:22].detach(), weight=big[:2].detach() + 1.0)  # detached views
+        big.fill_(-1.0)
+        big.data.fill_(-2.0)  # not even seen by the version counter
+        mask.fill_(False)
+        got = m.compute()
+    samples = np.array([3.0, 10.0, 11.0, 12.0, 13.0, 20.0, 21.0])
+    weights = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0])
+    assert got["x/sum"] == float(np.sum(samples * weights))
+    assert got["x/count"] == float(weights.sum())
+    assert (got["x/min"], got["x/max"], got["x/last"]) == (3.0, 21.0, 21.0)
+
+
+def test_a_kept_reference_holds_no_autograd_graph() -> None:
+    import weakref
+
+    m = ms.Metrics()
+    with cpu_as_accelerator():
+        p = torch.tensor(3.0, requires_grad=True)
+        a = p * 1.0  # an intermediate the graph saves
+        loss = a * a
+        saved = weakref.ref(a)
+        del a
+        assert saved() is not None  # held by the graph
+        m.record("loss", loss)  # opens the name
+        m.record("loss", loss)  # a reference, detached
+        del loss
+        assert saved() is None  # the graph is gone: nothing metricsync keeps holds it
+        assert m.compute() == {"loss": 9.0}
+
+
+# --- the device path equals the host path -------------------------------------
+
+FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=32) | st.floats(-1e6, 1e6)
+
+
+@st.composite
+def records(draw: Any) -> list[tuple[str, np.ndarray, Any, Any, str]]:
+    """Records: (name, value, weight, mask, dtype)."""
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        name = draw(st.sampled_from(sorted(SPECS)))
+        shape = draw(st.sampled_from([(), (3,), (2, 3)]))
+        size = int(np.prod(shape))
+        dtype = draw(st.sampled_from(["float64", "float32", "int64", "bool"]))
+        raw = draw(st.lists(FLOATS, min_size=size, max_size=size))
+        value = np.array(raw, dtype=np.float64).reshape(shape)
+        if dtype in ("int64", "bool"):
+            value = np.nan_to_num(value, nan=0.0, posinf=5.0, neginf=-5.0).round() % 7
+            value = value.astype(dtype)
+        if name == "err":
+            value = np.where(np.isfinite(value), value, 1.0) if value.dtype.kind == "f" else value
+        kind = draw(
+            st.sampled_from(["plain", "float weight", "weight", "mask", "int mask", "both"])
+        )
+        weight: Any = None
+        mask: Any = None
+        if kind in ("float weight",):
+            weight = draw(st.floats(0.0, 1e3))
+        if kind in ("weight", "both"):
+            wshape = draw(st.sampled_from([shape, shape[-1:]]))
+            weight = np.array(
+                draw(
+                    st.lists(
+                        st.floats(0.0, 1e3),
+                        min_size=int(np.prod(wshape)),
+                        max_size=int(np.prod(wshape)),
+                    )
+                )
+            ).reshape(wshape)
+        if kind in ("mask", "int mask", "both"):
+            bits = draw(st.lists(st.booleans(), min_size=size, max_size=size))
+            mask = np.array(bits, dtype=bool).reshape(shape)
+            if kind == "int mask":
+                mask = mask.astype(np.int32)
+        out.append((name, value, weight, mask, dtype))
+    return out
+
+
+def _apply(m: ms.Metrics, recs: list[tuple[str, np.ndarray, Any, Any, str]]) -> None:
+    for name, value, weight, mask, _ in recs:
+        t = torch.from_numpy(np.array(value))
+        w = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
+        k = None if mask is None else torch.from_numpy(mask)
+        m.record(name, t, weight=w, mask=k)
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=records(), ref_limit=st.sampled_from([2, 5, 1024]), observe=st.booleans())
+def test_the_device_path_equals_the_host_path(
+    recs: list[tuple[str, np.ndarray, Any, Any, str]], ref_limit: int, observe: bool
+) -> None:
+    host = ms.Metrics(SPECS)
+    _apply(host, recs)
+    want = host.compute()
+    dev = ms.Metrics(SPECS)
+    with cpu_as_accelerator(ref_limit):
+        half = len(recs) // 2
+        _apply(dev, recs[:half])
+        if observe:  # a compute mid-way changes nothing later
+            dev.compute()
+        _apply(dev, recs[half:])
+        got = dev.compute()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        if key.endswith(("/p50", "/p90")):  # the sketch: same cells, same quantile
+            assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
+        else:
+            assert _close(got[key], value), (key, got[key], value)
+
+
+def test_the_device_path_equals_the_host_path_over_many_folds() -> None:
+    rng = np.random.default_rng(5)
+    recs = []
+    for i in range(3000):
+        x = rng.normal(size=(4, 8)) * 10
+        mask = rng.random((4, 8)) < 0.6
+        recs.append(("x", np.array(x[0, 0]), None, None, "float64"))
+        recs.append(("x", x, None, mask, "float64"))
+        if i % 7 == 0:
+            recs.append(("q", np.abs(x[1]), rng.random(8), None, "float64"))
+            nan_x = np.where(rng.random(8) < 0.2, np.nan, x[2])
+            recs.append(("ign", nan_x, None, None, "float64"))
+    host = ms.Metrics(SPECS)
+    _apply(host, recs)
+    dev = ms.Metrics(SPECS)
+    with cpu_as_accelerator():
+        _apply(dev, recs)
+        got = dev.compute()
+    want = host.compute()
+    for key, value in want.items():
+        assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-9), (key, got[key], value)
+
+
+def _as_views(
+    recs: list[tuple[str, np.ndarray, Any, Any, str]], large: bool
+) -> tuple[list[tuple[str, Any, Any, Any]], list[torch.Tensor]]:
+    """Each record's value as a view into a buffer of its own: a large one (copied at the
+    record) or one just twice its size (referenced). Returns the records and the buffers."""
+    out, buffers = [], []
+    for name, value, weight, mask, _ in recs:
+        flat = torch.from_numpy(np.array(value)).reshape(-1)
+        size = 50_000 if large else 2 * flat.numel()
+        buf = torch.zeros(size, dtype=flat.dtype)
+        buf[: flat.numel()] = flat
+        view = buf[: flat.numel()].view(np.shape(value))
+        w = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
+        out.append((name, view, w, None if mask is None else torch.from_numpy(mask)))
+        buffers.append(buf)
+    return out, buffers
+
+
+@settings(max_examples=30, deadline=None)
+@given(recs=records(), large=st.booleans(), which=st.integers(0, 1000))
+def test_views_and_in_place_changes_never_give_a_wrong_number(
+    recs: list[tuple[str, np.ndarray, Any, Any, str]], large: bool, which: int
+) -> None:
+    host = ms.Metrics(SPECS)
+    _apply(host, recs)
+    want = host.compute()
+    dev = ms.Metrics(SPECS)
+    with cpu_as_accelerator():
+        views, buffers = _as_views(recs, large)
+        for name, view, w, k in views:
+            dev.record(name, view, weight=w, mask=k)
+        changed = which % len(views)
+        buf = buffers[changed]  # changed through the base: the view's version moves
+        buf.logical_not_() if buf.dtype == torch.bool else buf.add_(1)
+        if large:  # copied at the record: nothing changes
+            got = dev.compute()
+        else:  # referenced: the changed record is refused, naming its metric
+            with pytest.raises(ValueError, match=f"metric '{recs[changed][0]}'.*changed in place"):
+                dev.compute()
+            got = dev.compute()
+            rest = ms.Metrics(SPECS)
+            _apply(rest, recs[:changed] + recs[changed + 1 :])
+            want = rest.compute()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        if key.endswith(("/p50", "/p90")):
+            assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
+        else:
+            assert _close(got[key], value), (key, got[key], value)
