@@ -64,7 +64,7 @@ class _ProgressBarOnly(ProgressCallback):
         return None
 
 
-class _SilentPrinter(PrinterCallback):  # type: ignore[misc]
+class _SilentPrinter(PrinterCallback):
     """The trainer's printer, less the print: it still drops ``total_flos`` from ``logs``."""
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
