@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from ._allreduce import Reduced, choose, widen
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError, with_device_error
 from ._group import comm_device, group_facts, sync_target
@@ -131,7 +132,10 @@ def sync_table(
     gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
     comm = Comm(dist, group, deadline, state, comm_device(dist, group), gloo, poll)
     try:
-        result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
+        # the path: one gather, or reductions whose size does not grow with the group
+        reduce = choose(facts.world, state.layout, state.windows)
+        run = _agree_and_reduce if reduce else _agree_and_merge
+        result = run(comm, dist, group, table, rules, error, tag)
         state.seq += 1
         return result
     except (SpecMismatchError, _Agreed) as exc:  # every rank raises the same, in step
@@ -394,3 +398,114 @@ def describe_tag(tag: int) -> str:
     if tag == 1:
         return "the first async sync of its Metrics"
     return f"a Metrics last synced at #{tag - 2}"
+
+
+# ---------------------------------------------------------------- the reduce path
+
+
+def _agree_and_reduce(
+    comm: Comm,
+    dist: Any,
+    group: Any,
+    table: StateTable,
+    rules: SpecTable,
+    error: Exception | None,
+    tag: int,
+) -> StateTable:
+    """:func:`_agree_and_merge`'s protocol through reductions (:mod:`metricsync._allreduce`):
+    the header, flags and MAX columns in one MAX reduce, the rest in one SUM reduce."""
+    state = comm.state
+    rank, world, _, _ = group_facts(dist, group)
+    layout = state.layout
+    placed = None
+    for attempt in range(2):
+        placed = place(state, table, layout, placed)
+        where, covered = placed.where, placed.covered
+        flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
+        agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
+        if covered and not within_windows(table, layout, where, agreed):
+            flags |= _WINDOW
+        clash = 0
+        if attempt and not covered:
+            flags |= _CONFLICT
+            clash = 1 + _uncovered(table, layout)
+        blob = b"" if covered else encode_entries(_new_entries(table, placed))
+        declared = _declared_otherwise(rules, layout, placed.mine)
+        flags |= (_DECLARED if declared.any() else 0) | (_FULL if placed.full else 0)
+        head = np.array(
+            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
+            dtype=np.int64,
+        )
+        packable = not flags & (_RELAYOUT | _DEVICE_ERROR | _CONFLICT)
+        data = pack(table, layout, where, rank, placed.index) if packable else None
+        red = Reduced(comm, layout, rank, world)
+        got = red.round_a(head, data)
+        _check_reduced(comm, got, head)
+        every = got.flags
+        if every & _DEVICE_ERROR:
+            raise _Agreed(
+                error
+                or SyncError(
+                    "metricsync sync: another rank recorded invalid data (see that rank's error)"
+                )
+            )
+        if every & _CONFLICT:
+            _raise_conflict(rules, table, layout, got.clash - 1)
+        if every & _RELAYOUT:
+            blobs, sizes = _gather_sized(comm, blob, got.blob, world)
+            layout = _extend(blobs, sizes, layout)
+            continue
+        assert data is not None
+        if every & _WINDOW:  # the global extremes are known: send the cells of the wider window
+            wider = widen(red, layout, agreed)
+            cells_in = wider
+            agreed = [old if new.vmin != new.vmin else new for old, new in zip(agreed, wider)]
+        else:
+            cells_in = agreed
+        asked_held = None if every & _FULL else placed.held
+        asked_declared = declared if every & _DECLARED else None
+        merged, held, declared_any = red.round_b(
+            data, table, where, cells_in, asked_held, asked_declared
+        )
+        if declared_any is not None:  # held by some rank (all, when one holds all)?
+            clashes = np.flatnonzero(declared_any if held is None else held & declared_any)
+            if len(clashes):
+                _raise_conflict(rules, table, layout, int(clashes[0]))
+        state.windows.update(zip(layout.sketch_entries, agreed))
+        state.layout = layout
+        if held is not None and not held.all():
+            return merged.subset(*layout.part(held))
+        return merged
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _check_reduced(comm: Comm, got: Any, mine: np.ndarray) -> None:
+    """:func:`_check_in_step` on round A's maxima and minima of the header words."""
+    if (got.high == got.low).all():
+        return
+    step = [0, 1, 2]  # magic, sync number, layout
+    if not (got.high[step] == got.low[step]).all():
+        comm.state.broken = "ranks disagreed on the sync sequence or the agreed layout"
+        raise SyncError(
+            "metricsync sync: the ranks are out of step (a different number of syncs, or syncs "
+            "interleaved with other collectives on this group); create a new process group"
+        )
+    comm.state.broken = "ranks started their async syncs in a different order"
+    seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(got.tags))
+    raise SyncError(
+        f"metricsync sync: ranks started their async syncs on this group in a different "
+        f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
+        "must start them in the same order, with the same Metrics objects"
+    )
+
+
+def _gather_sized(
+    comm: Comm, blob: bytes, longest: int, world: int
+) -> tuple[np.ndarray, list[int]]:
+    """Every rank's encoded new entries, each behind its size (8 bytes), and the sizes."""
+    padded = np.zeros(8 + longest, dtype=np.uint8)
+    padded[:8] = np.frombuffer(np.int64(len(blob)).tobytes(), dtype=np.uint8)
+    padded[8 : 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    rows = comm.all_gather(padded, world, "the layout gather")
+    sizes = np.ascontiguousarray(rows[:, :8]).view(np.int64)[:, 0].tolist()
+    return rows[:, 8:], sizes

@@ -148,6 +148,7 @@ def _misordered(rank: int, world: int) -> list[str]:
     return out
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_ranks_that_start_async_syncs_in_another_order_raise_sync_error() -> None:
     r0, r1 = run_distributed(_misordered, 2, timeout=120)
     for res in (r0, r1):
@@ -174,6 +175,7 @@ def _missing(rank: int, world: int) -> Any:
     return out
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_a_missing_rank_gives_sync_error_from_wait_within_the_timeout() -> None:
     results = run_distributed(_missing, 3, timeout=60, allow_failures=True)
     assert results[2] == "absent"
@@ -285,6 +287,7 @@ def _scenarios(rank: int, world: int, n: int) -> int:
     return checked
 
 
+@pytest.mark.usefixtures("sync_path")
 @pytest.mark.parametrize("world", [2, 3])
 def test_randomized_async_syncs_equal_blocking_syncs(world: int) -> None:
     assert (

@@ -84,20 +84,26 @@ def _exit_mid_sync(rank: int, world: int) -> Any:
     m.record("q", np.arange(100.0) * (rank + 1))
     m.sync(timeout=TIMEOUT)
     m.record(f"new/{rank}", 1.0)  # new names: the next sync agrees on them in three gathers
-    if rank == 1:  # dies after the first gather, in the middle of the sync
-        original = metricsync._comm.Comm.all_gather
+    if rank == 1:  # dies after the first collective (a gather or a reduce), mid-sync
+        comm = metricsync._comm.Comm
+        gather, reduce = comm.all_gather, comm.all_reduce
         calls = []
 
-        def dying(self: Any, array: Any, world: int, what: str) -> Any:
-            calls.append(what)
-            if len(calls) == 2:
-                os._exit(4)
-            return original(self, array, world, what)
+        def dying(original: Any) -> Any:
+            def call(self: Any, array: Any, how: Any, what: str) -> Any:
+                calls.append(what)
+                if len(calls) == 2:
+                    os._exit(4)
+                return original(self, array, how, what)
 
-        metricsync._comm.Comm.all_gather = dying  # type: ignore[method-assign]
+            return call
+
+        comm.all_gather = dying(gather)  # type: ignore[method-assign]
+        comm.all_reduce = dying(reduce)  # type: ignore[method-assign]
     return [_timed_sync(m)]
 
 
+@pytest.mark.usefixtures("sync_path")
 @pytest.mark.parametrize("fn, world", [(_exit_before_sync, 3), (_exit_mid_sync, 4)])
 def test_a_rank_that_exits_makes_the_others_raise_sync_error(fn: Any, world: int) -> None:
     results = run_distributed(fn, world, timeout=60, allow_failures=True)
@@ -130,6 +136,7 @@ def _error_ends_a_rank(rank: int, world: int) -> Any:
     return [_timed_sync(m)]
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_a_rank_that_never_syncs_or_fails_makes_the_others_raise_in_time() -> None:
     results = run_distributed(_never_syncs, 4, timeout=60, allow_failures=True)
     assert results[2] == "absent"
@@ -213,6 +220,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
     return done
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_nan_policies_and_spec_conflicts_end_correctly_in_one_group() -> None:
     results = run_distributed(_nan_and_conflicts, 4, timeout=120)
     assert all(r == results[0] for r in results) and len(results[0]) == 7
@@ -426,6 +434,7 @@ def _scenarios_on_torch_ops(rank: int, world: int, count: int, seed0: int) -> di
     return _scenarios(rank, world, count, seed0)
 
 
+@pytest.mark.usefixtures("sync_path")
 @pytest.mark.parametrize(
     "fn, world, count",
     [(_scenarios, 3, N_SCENARIOS), (_scenarios_on_torch_ops, 2, 50)],

@@ -41,6 +41,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
+from metricsync._allreduce import ENV  # noqa: E402
 from metricsync.testing import RankFailure, free_port, run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -226,10 +227,18 @@ def _phases(rank: int, world: int, port: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w} ranks")
+@pytest.fixture(
+    scope="module",
+    params=[(2, "gather"), (3, "gather"), (3, "reduce")],
+    ids=lambda p: f"{p[0]} ranks, {p[1]}",
+)
 def phases(request: pytest.FixtureRequest) -> tuple[int, list[Any]]:
-    world: int = request.param
-    results = run_distributed(_phases, world, timeout=120, args=(free_port(),), allow_failures=True)
+    world, path = request.param
+    with pytest.MonkeyPatch.context() as patch:  # the sync path the spawned ranks take
+        patch.setenv(ENV, path)
+        results = run_distributed(
+            _phases, world, timeout=120, args=(free_port(),), allow_failures=True
+        )
     return world, results
 
 

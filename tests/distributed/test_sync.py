@@ -152,6 +152,7 @@ def _scenarios(rank: int, world: int, n_scenarios: int, seed0: int) -> int:
     return checked
 
 
+@pytest.mark.usefixtures("sync_path")
 @pytest.mark.parametrize("world", [2, 4])
 def test_randomized_scenarios_match_brute_force(world: int) -> None:
     counts = run_distributed(_scenarios, world, args=(25, 1000 * world), timeout=240)
@@ -235,6 +236,7 @@ def _spec_conflict(rank: int, world: int) -> str:
     return "no error"
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_spec_conflict_raises_on_every_rank() -> None:
     for message in run_distributed(_spec_conflict, 2):
         assert "'x'" in message and "Spec('max')" in message
@@ -254,6 +256,7 @@ def _missing_rank(rank: int, world: int) -> str:
     return "no error"
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_missing_rank_raises_sync_error_within_timeout() -> None:
     results = run_distributed(_missing_rank, 2, timeout=60)
     assert results[1] == "absent"
@@ -280,6 +283,7 @@ def _bad_device_record(rank: int, world: int) -> str:
     return "no error"
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_invalid_device_data_fails_every_rank() -> None:
     results = run_distributed(_bad_device_record, 2)
     assert results[0].startswith("SyncError")
@@ -300,6 +304,7 @@ def _subgroups(rank: int, world: int) -> dict[str, float]:
     return by_group
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_sync_over_dp_subgroup_and_device_mesh() -> None:
     results = run_distributed(_subgroups, 4)
     for rank, got in enumerate(results):

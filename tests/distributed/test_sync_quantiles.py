@@ -54,6 +54,7 @@ def _within(result: float, ordered: np.ndarray, q: float, accuracy: float = 0.01
     return min(lo, hi) - slack <= result <= max(lo, hi) + slack
 
 
+@pytest.mark.usefixtures("sync_path")
 @pytest.mark.parametrize("world", [3])
 def test_quantiles_after_sync_are_within_accuracy(world: int) -> None:
     results = run_distributed(_rank, world)
@@ -97,6 +98,7 @@ def _nan_rank(rank: int, world: int) -> list[tuple[list[float], list[float], flo
     return out
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_a_nan_on_one_rank_leaves_the_synced_histogram_whole() -> None:
     """A NaN under ``nan="propagate"`` makes a metric's min and max NaN, and the cells a
     sync sends are chosen from them: the finite samples must still all arrive, as in a
@@ -130,6 +132,7 @@ def _many_nan_rank(rank: int, world: int) -> dict[str, tuple[list[float], float]
     return {k: (h.counts.tolist(), h.total) for k, h in m.sync().histograms().items()}
 
 
+@pytest.mark.usefixtures("sync_path")
 def test_nans_among_many_quantile_metrics_leave_every_synced_histogram_whole() -> None:
     """The same with 12 quantile metrics (more than 8: the windows are checked as arrays),
     a NaN in every third on rank 0."""
