@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _codec, _convert
+from . import _codec, _convert, _resume
 from ._async import sync_async
 from ._errors import CodecError
 from ._formatting import format_line, numbers_of
@@ -334,14 +334,39 @@ class Metrics:
         return (_from_bytes, (self.to_bytes(),))
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpointable dict: ``{"metricsync": 1, "data": bytes}``."""
-        return {"metricsync": 1, "data": self.to_bytes()}
+        """A checkpointable dict of an int and bytes: ``{"metricsync": 1, "data": bytes}``
+        (``to_bytes()``), and ``"resume"``: the samples not yet folded, as they are held,
+        so that a ``Metrics`` restored from it and fed the same records gives bit for bit
+        the results of this one (not while accelerator tensors are pending: their state
+        folds into ``"data"`` alone, and a resumed run agrees up to float64 rounding)."""
+        parts = self._store.resumable()
+        if parts is None:
+            return {"metricsync": 1, "data": self.to_bytes()}
+        twin = Store.resume(parts[0].copy(), parts[1].copy(), parts[2])  # "data": that state
+        return {
+            "metricsync": 1,
+            "data": _codec.encode(twin.rules, twin.folded()),
+            "resume": _resume.encode(*parts),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace specs and state with those of a :meth:`state_dict`."""
-        if not isinstance(state, Mapping) or state.get("metricsync") != 1 or "data" not in state:
-            raise CodecError("not a metricsync state_dict (expected keys 'metricsync' and 'data')")
-        store = Store(*_codec.decode(state["data"]))
+        """Replace specs and state with those of a :meth:`state_dict` (its ``"resume"``
+        where present, else its ``"data"``); ``CodecError`` for anything else."""
+        if not isinstance(state, Mapping) or "data" not in state:
+            raise CodecError(
+                "not a metricsync state_dict: expected a mapping with keys 'metricsync' "
+                f"(the int 1) and 'data' (bytes), got {type(state).__name__}"
+            )
+        version = state.get("metricsync")
+        if type(version) is not int or version != 1:
+            raise CodecError(
+                f"not a metricsync state_dict: 'metricsync' must be the int 1, got "
+                f"{type(version).__name__} {str(version)[:40]}"
+            )
+        if "resume" in state:
+            store = Store.resume(*_resume.decode(state["resume"]))
+        else:
+            store = Store(*_codec.decode(state["data"]))
         with self._store.lock:
             self._adopt(store)
 

@@ -20,6 +20,7 @@ Python-number fast path of ``Metrics.record`` (an append to a buffer of
 from __future__ import annotations
 
 import threading
+from array import array
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -32,7 +33,7 @@ from ._convert import as_torch, device_inputs, host_record, host_scalar
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
-from ._pending import FAST_LIMIT, HostPending
+from ._pending import FAST_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
@@ -47,6 +48,16 @@ _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 MASKED_MAX = 4096  #: a record under a mask alone buffers at most this many kept samples
+
+
+def _numbers(value: list[Any]) -> array | None:
+    """A list of Python floats and ints as an ``array('d')`` (None for any other list)."""
+    if not all(v.__class__ is float or v.__class__ is int for v in value):
+        return None
+    try:
+        return array("d", value)
+    except OverflowError:  # an int beyond float64: the general path says so
+        return None
 
 
 class Store:
@@ -132,6 +143,10 @@ class Store:
             if plain and tensor.dim() == 0:
                 return self.prepare(name, host_scalar(name, tensor), None, None)
             value = tensor
+        if plain and cls is list and spec.nan != "error" and "last" not in spec.reduce:
+            numbers = _numbers(value)
+            if numbers is not None:  # as Metrics.record extends an open buffer with it
+                return partial(self.add_numbers, name, numbers, spec)
         values, w = host_record(name, value, weight, mask, spec.nan == "error")
         return partial(self._apply_host, name, spec, values, w)
 
@@ -147,8 +162,15 @@ class Store:
             n = len(values)
             if not n:
                 return
-            if n == 1 and w is not None:  # a weighted number: its next ones take the fast path
-                self.pending.open_weighted(name, spec)
+            if n == 1 and w is not None:  # a weighted number: it and its next ones take the
+                # pair of buffers the fast path appends to, whether or not it was open
+                pair = self.pending.open_weighted(name, spec)
+                if pair is not None:
+                    pair[0].append(float(values[0]))
+                    pair[1].append(float(w[0]))
+                    if len(pair[0]) >= FAST_LIMIT:
+                        self.flush()
+                    return
             stamp = al.now_us()
             if not self.pending.fits(n if n <= most else 0):
                 self.flush()
@@ -221,6 +243,19 @@ class Store:
                 self.flush()
             self.pending.add(slot, np.array([number]), None, al.now_us())
         return True
+
+    def add_numbers(self, name: str, numbers: array, spec: Spec) -> None:
+        """Extend ``name``'s number buffer (opened here) by a list's numbers, as the fast
+        path of ``Metrics.record`` extends an open one: where a list goes does not depend
+        on whether the name was recorded before."""
+        with self.lock:
+            self._changes += 1
+            self.table.slot(name, spec)
+            self.pending.open(name, spec)
+            buf = self.pending.fast[name]
+            buf.extend(numbers)
+            if len(buf) >= FAST_LIMIT:
+                self.flush()
 
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
@@ -366,6 +401,26 @@ class Store:
             held[[self.table.index[name] for name, _ in self.deferred]] = True
             names = self.table.names
             return [names[i] for i in np.flatnonzero(held).tolist()]
+
+    # ------------------------------------------------------------ checkpoints
+
+    def resumable(self) -> tuple[SpecTable, StateTable, Held] | None:
+        """Rules, a copy of the table as folded so far and the pending host samples, taken
+        at once: what a store needs to go on exactly as this one (:meth:`resume`). None
+        while accelerator states are pending (they fold into the table only when read)."""
+        with self.lock:
+            if self.deferred:
+                self._resolve_deferred()
+            if self.devices:
+                return None
+            return self.rules.copy(), self.table.copy(), self.pending.export()
+
+    @classmethod
+    def resume(cls, rules: SpecTable, table: StateTable, held: Held) -> Store:
+        """A store holding ``table`` and the pending samples ``held`` (checked)."""
+        store = cls(rules, table)
+        store.pending.restore(held, {name: table.specs[i] for i, name in enumerate(table.names)})
+        return store
 
     # -------------------------------------------------------------- lifecycle
 
