@@ -28,7 +28,12 @@ from ._spec import Spec
 from ._table import StateTable
 from ._tokens import token_of
 
-__all__ = ["Shape", "body_bytes", "new_shape", "read_body"]
+__all__ = ["COUNT_MAX", "Shape", "body_bytes", "new_shape", "read_body"]
+
+#: the largest dropped-sample or rank count a decoded state may hold: whole numbers up to
+#: 2**53 (float64's exact integers; no job drops or merges that many), so that sums of
+#: decoded counts never overflow
+COUNT_MAX = float(2**53)
 
 
 def body_bytes(
@@ -183,26 +188,27 @@ def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
     if (
         w.min(initial=0.0) >= 0
         and drop.min(initial=0.0) >= 0
-        and drop.max(initial=0.0) < np.inf
+        and drop.max(initial=0.0) <= COUNT_MAX
+        and (drop == np.floor(drop)).all()
         and not np.isnan(state[al.T].max(initial=-np.inf))
         and all(cells.min(initial=0.0) >= 0 for cells in cells_sent.values())
         and not table.aggs
     ):
         return
-    bad = ~(w >= 0) | ~(drop >= 0) | ~np.isfinite(drop)
+    bad = ~(w >= 0) | ~((drop >= 0) & (drop <= COUNT_MAX) & (drop == np.floor(drop)))
     bad |= np.isnan(state[al.T])
     for slot, cells in cells_sent.items():
         bad[slot] |= not bool((cells >= 0).all())
     for slot, agg in table.aggs.items():
         ranks = agg[:, 1]
         bad[slot] |= not bool(
-            (np.isfinite(ranks) & (ranks >= 0) & (ranks == np.floor(ranks))).all()
+            ((ranks >= 0) & (ranks <= COUNT_MAX) & (ranks == np.floor(ranks))).all()
         )
     if bad.any():
         name = table.names[int(np.argmax(bad))]
         raise CodecError(
-            f"metric {name!r} holds a negative, NaN or fractional count; no record or merge "
-            "makes that state"
+            f"metric {name!r} holds a negative, NaN or fractional count, or a dropped or "
+            "rank count above 2**53; no record or merge makes that state"
         )
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import _algebra as al
 from . import _codec
+from ._codec_read import COUNT_MAX
 from ._errors import CodecError
 from ._pending import CHUNK_LIMIT, Held
 from ._rules import SpecTable
@@ -47,13 +48,12 @@ from ._sketch import sketch_layout
 from ._spec import Spec
 from ._table import StateTable
 
-__all__ = ["COUNT_MAX", "decode", "encode"]
+__all__ = ["decode", "encode"]
 
 MAGIC = b"MSYR"
 VERSION = 1
 _HEAD = struct.Struct("<4sHHQIQ")  # magic, version, flags, table, header and body lengths
 _CRC = struct.Struct("<I")
-COUNT_MAX = float(2**53)  #: the largest dropped-sample count a state may hold
 
 
 def encode(rules: SpecTable, table: StateTable, held: Held) -> bytes:
