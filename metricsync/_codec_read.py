@@ -22,6 +22,7 @@ from . import _algebra as al
 from ._across import ACOL
 from ._errors import CodecError
 from ._fold import spec_info
+from ._keys import table_clash
 from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
@@ -111,6 +112,12 @@ def new_shape(header: Any) -> Shape:
             raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
     if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
         raise CodecError("rank entries do not match the argrank metrics")
+    if (found := table_clash(names, slot_specs)) is not None:
+        name, other, key = found
+        raise CodecError(
+            f"metrics {name!r} and {other!r} would both report the key {key!r}; no record, "
+            "merge or sync makes such a table"
+        )
     fixed, dense = body_bytes(n, sketches, aggs, ranked)
     # the token of the tables of these names and specs: merging decoded results (a single
     # controller's workers, every step) finds what earlier merges of them worked out

@@ -33,6 +33,7 @@ from ._async import sync_async
 from ._errors import CodecError
 from ._formatting import format_line, numbers_of
 from ._histogram import Histogram, table_histograms
+from ._keys import check_table
 from ._pending import FAST_LIMIT
 from ._rules import SpecTable
 from ._spec import Spec
@@ -208,6 +209,7 @@ class Metrics:
                     pending.append(partial(buf.append, value))  # cannot fail
                 else:
                     pending.append(self._store.prepare(name, value, None, None))
+            self._store.check_new([name for name in values if name.__class__ is str])
             for apply in pending:
                 apply()
             if any(len(self._fast.get(name, ())) >= FAST_LIMIT for name in values):
@@ -391,8 +393,16 @@ class Metrics:
         its own keeps them apart); its result holds only the names some rank holds.
         """
         if async_op:
-            return sync_async(self._store, group, timeout, self._from_store)
-        return sync(self._store, group, timeout, self._from_store)
+            return sync_async(self._store, group, timeout, self._from_synced)
+        return sync(self._store, group, timeout, self._from_synced)
+
+    @classmethod
+    def _from_synced(cls, store: Store) -> Metrics:
+        """A sync's result; ``SpecMismatchError`` (on every rank: each holds the same
+        table) where names of different ranks would share a key of ``compute()``."""
+        table = store.table
+        check_table(table.names, table.specs, table.token)
+        return cls._from_store(store)
 
 
 def _store_of(metrics: Metrics) -> Store:

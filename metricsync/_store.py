@@ -33,6 +33,7 @@ from ._convert import as_torch, device_inputs, host_record, host_scalar
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
+from ._keys import Lookup, clash, clash_error, first_clash
 from ._pending import FAST_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
@@ -98,6 +99,16 @@ class Store:
                     f"metric {name!r} holds samples under {old!r}; cannot change it to {new!r}"
                 )
             changes[slot] = new
+        if changes:
+            specs = {self.table.names[slot]: spec for slot, spec in changes.items()}
+
+            def lookup(name: str) -> Spec | None:
+                return specs.get(name) or self._held_spec(name)
+
+            found = first_clash(list(specs), lookup)
+            if found is not None:
+                name, other, key = found
+                raise clash_error(name, specs[name], other, key)
         return changes
 
     def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
@@ -108,6 +119,44 @@ class Store:
             self.table.respec(slot, new)
             self.pending.forget(name)
             self.pending.open(name, new)
+
+    def _held_spec(self, name: str) -> Spec | None:
+        """The spec of ``name`` if it has a slot (a key of ``compute()``), else None."""
+        slot = self.table.index.get(name)
+        return None if slot is None else self.table.specs[slot]
+
+    def check_name(self, name: str, spec: Spec, lookup: Lookup | None = None) -> None:
+        """``SpecMismatchError`` naming both where ``name`` (without a slot yet), with
+        ``spec``, would report a key another metric reports (see :mod:`metricsync._keys`)."""
+        if name in self.table.index:
+            return
+        found = clash(name, spec, self._held_spec if lookup is None else lookup)
+        if found is not None:
+            raise clash_error(name, spec, *found)
+
+    def check_new(self, names: list[str]) -> None:
+        """:meth:`check_name` of each of ``names`` without a slot, against the table and
+        each other (an ``update`` opening several names at once)."""
+        with self.lock:
+            new = {n: self.spec(n) for n in names if n not in self.table.index}
+            if not new:
+                return
+
+            def lookup(name: str) -> Spec | None:
+                return new.get(name) or self._held_spec(name)
+
+            found = first_clash(list(new), lookup)
+            if found is not None:
+                name, other, key = found
+                raise clash_error(name, new[name], other, key)
+
+    def _slot(self, name: str, spec: Spec) -> int:
+        """``name``'s slot, made with ``spec`` if it has none (where no key meets another's)."""
+        slot = self.table.index.get(name)
+        if slot is None:
+            self.check_name(name, spec)
+            slot = self.table.slot(name, spec)
+        return slot
 
     def _holds_data(self, slot: int) -> bool:
         name = self.table.names[slot]
@@ -125,6 +174,7 @@ class Store:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
         with self.lock:
             spec = self.spec(name)
+            self.check_name(name, spec)
         cls = value.__class__
         plain = weight is None and mask is None
         if plain and (cls is float or cls is int or cls is np.float64) and spec.nan != "error":
@@ -153,7 +203,7 @@ class Store:
     def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
         with self.lock:
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)
             masked = w is not None and w.dtype == _BOOL  # a mask alone, no weight
             if masked:  # its kept samples, under add_masked's bound
@@ -231,7 +281,7 @@ class Store:
                 if spec.nan == "error":
                     return False
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)  # the name's later numbers take the fast path
             buf = self.pending.fast.get(name)
             if buf is not None:  # this one too: one run with them
@@ -250,7 +300,7 @@ class Store:
         on whether the name was recorded before."""
         with self.lock:
             self._changes += 1
-            self.table.slot(name, spec)
+            self._slot(name, spec)
             self.pending.open(name, spec)
             buf = self.pending.fast[name]
             buf.extend(numbers)
@@ -260,7 +310,7 @@ class Store:
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)
             if x.numel() == 0:  # no samples, and no device state that names would count
                 return
@@ -280,6 +330,30 @@ class Store:
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())
             return True
+
+    def _check_union(self, other: StateTable, changes: dict[int, Spec]) -> None:
+        """``SpecMismatchError`` where a name ``other`` adds (or one ``changes`` respecs)
+        would share a key with another metric of the merged table."""
+        index, mine = self.table.index, self.table.specs
+        respecced = {self.table.names[slot]: spec for slot, spec in changes.items()}
+
+        def lookup(name: str) -> Spec | None:
+            spec = respecced.get(name)
+            if spec is not None:
+                return spec
+            slot = index.get(name)
+            if slot is not None:
+                return mine[slot]
+            slot = other.index.get(name)
+            return None if slot is None else other.specs[slot]
+
+        added = [name for name in other.names if name not in index]
+        found = first_clash(added + list(respecced), lookup)
+        if found is not None:
+            name, key_of, key = found
+            spec = lookup(name)
+            assert spec is not None
+            raise clash_error(name, spec, key_of, key)
 
     # ---------------------------------------------------------------- folding
 
@@ -304,7 +378,7 @@ class Store:
         with self.lock:
             self._changes += 1
             spec = self.spec(name)
-            self.table.slot(name, spec)  # the name takes its place (and format) now
+            self._slot(name, spec)  # the name takes its place (and format) now
             self.pending.open(name, spec)
             self.deferred.append((name, value))
 
@@ -449,6 +523,7 @@ class Store:
             else:
                 merged = merged_rules(self.rules, self.table, other.rules, table)
                 changes = self._rule_changes(merged)
+                self._check_union(table, changes)
                 if not changes:  # a bound: the pairs of the latest merges
                     remember(_AGREED, key, merged.copy(), 64)
                 self._apply_rules(merged, changes)
