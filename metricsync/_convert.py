@@ -20,11 +20,14 @@ ValueError: metric 'ent': a mask holds 0/1 or booleans, got np.float64(0.5); use
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
+    "ArrayLike",
+    "Number",
+    "RecordValue",
     "HOST_DEVICE_TYPES",
     "as_torch",
     "check_tensor",
@@ -38,6 +41,22 @@ __all__ = [
     "host_weights",
     "is_torch",
 ]
+
+
+class _SupportsArray(Protocol):
+    def __array__(self) -> Any: ...
+
+
+class _SupportsDLPack(Protocol):
+    def __dlpack__(self) -> Any: ...
+
+
+#: a value ``record`` takes as one sample (``bool`` and ``int`` are ``float`` to a type checker)
+Number = float | np.number[Any] | np.bool_
+#: a value ``record`` takes as one sample per element: arrays, tensors, lists and tuples
+ArrayLike = np.ndarray | _SupportsArray | _SupportsDLPack | list[Any] | tuple[Any, ...]
+#: what ``Metrics.record`` takes (a string, ``None`` or a complex number is not one)
+RecordValue = Number | ArrayLike
 
 _REAL_KINDS = "biuf"
 #: Device types whose tensors live in host memory: recorded as host data, like numpy.

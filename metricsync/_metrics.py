@@ -24,12 +24,13 @@ import fnmatch
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from . import _codec, _convert, _resume
-from ._async import sync_async
+from ._async import SyncHandle, sync_async
+from ._convert import ArrayLike, Number, RecordValue
 from ._errors import CodecError
 from ._formatting import format_line, numbers_of
 from ._histogram import Histogram, table_histograms
@@ -108,6 +109,14 @@ class Metrics:
             return self._store.spec(name)
 
     # -------------------------------------------------------------- recording
+
+    @overload
+    def record(self, name: str, value: Number, *, weight: Any = None, mask: Any = None) -> None: ...
+
+    @overload
+    def record(
+        self, name: str, value: ArrayLike, *, weight: Any = None, mask: Any = None
+    ) -> None: ...
 
     def record(self, name: str, value: Any, *, weight: Any = None, mask: Any = None) -> None:
         """Record ``value`` under ``name``; every element of an array or tensor is a sample.
@@ -190,7 +199,7 @@ class Metrics:
         if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):
             _TENSOR[0] = _torch_tensor_class()
 
-    def update(self, values: Mapping[str, Any]) -> None:
+    def update(self, values: Mapping[str, RecordValue]) -> None:
         """Record several metrics at once: ``update({"lr": lr, "tokens": n})``.
 
         Every entry is checked before any is recorded, so a bad one raises (naming
@@ -374,9 +383,24 @@ class Metrics:
 
     # ---------------------------------------------------------------- syncing
 
+    @overload
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: Literal[False] = False
+    ) -> Metrics: ...
+
+    @overload
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: Literal[True]
+    ) -> SyncHandle: ...
+
+    @overload
     def sync(
         self, group: Any = None, *, timeout: float | None = None, async_op: bool = False
-    ) -> Any:
+    ) -> Metrics | SyncHandle: ...
+
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: bool = False
+    ) -> Metrics | SyncHandle:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
         Without an initialized process group, a copy. ``group`` is a process group
