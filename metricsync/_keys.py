@@ -78,16 +78,19 @@ def table_clash(names: Sequence[str], specs: Sequence[Spec]) -> tuple[str, str, 
     return first_clash(names, dict(zip(names, specs)).get)
 
 
-_CHECKED: dict[object, bool] = {}  #: tokens of tables found free of clashes (a sync's)
+_CHECKED: dict[int, list[str]] = {}  #: key lists found free of repeats (a sync's plan)
 
 
-def check_table(names: Sequence[str], specs: Sequence[Spec], token: object) -> None:
-    """``SpecMismatchError`` where two metrics of a table (names and specs, standing for
-    ``token``) would share a key; a table of a token checked before passes at once."""
-    if token in _CHECKED:
+def check_table(names: Sequence[str], specs: Sequence[Spec], keys: list[str]) -> None:
+    """``SpecMismatchError`` where two metrics of a table (names, specs and the output
+    keys of its plan) would share a key. One set of the keys answers (the same key list,
+    shared by the results of a steady sync, is answered once)."""
+    if _CHECKED.get(id(keys)) is keys:
+        return
+    if len(set(keys)) == len(keys):
+        remember(_CHECKED, id(keys), keys, 16)  # keeps the list, so its id stays its own
         return
     found = table_clash(names, specs)
     if found is not None:
         name, other, key = found
         raise clash_error(name, specs[list(names).index(name)], other, key)
-    remember(_CHECKED, token, True, 64)
