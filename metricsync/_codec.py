@@ -27,9 +27,10 @@ linear in the input's size. Anything malformed raises
 :class:`~metricsync.CodecError`, and nothing else.
 
 Decoded states must be ones that recording and merging can produce: weight
-sums, sketch cells and dropped-sample counts are ``>= 0`` (not NaN), the
-per-rank counts of ``across`` aggregates are non-negative integers and no
-time stamp is NaN; anything else is a ``CodecError``. A column no metric of the blob
+sums and sketch cells are ``>= 0`` (not NaN), dropped-sample counts and the
+per-rank counts of ``across`` aggregates are whole numbers from 0 to 2**53
+(so that merging decoded states never overflows) and no time stamp is NaN;
+anything else is a ``CodecError``. A column no metric of the blob
 carries is then set to its identity, as folds and syncs leave it. Values (sums, extremes,
 ``last``, second moments, aggregate values) may be NaN or infinite, as
 ``nan="propagate"`` samples and float64 overflow make them; ``compute()``

@@ -22,13 +22,19 @@ from . import _algebra as al
 from ._across import ACOL
 from ._errors import CodecError
 from ._fold import spec_info
+from ._keys import table_clash
 from ._rules import SpecTable
 from ._sketch import sketch_layout
 from ._spec import Spec
 from ._table import StateTable
 from ._tokens import token_of
 
-__all__ = ["Shape", "body_bytes", "new_shape", "read_body"]
+__all__ = ["COUNT_MAX", "Shape", "body_bytes", "new_shape", "read_body"]
+
+#: the largest dropped-sample or rank count a decoded state may hold: whole numbers up to
+#: 2**53 (float64's exact integers; no job drops or merges that many), so that sums of
+#: decoded counts never overflow
+COUNT_MAX = float(2**53)
 
 
 def body_bytes(
@@ -106,6 +112,12 @@ def new_shape(header: Any) -> Shape:
             raise CodecError(f"aggregate of metric {names[slot]!r} has {count} rows")
     if ranked != [s for s, spec in enumerate(slot_specs) if spec.argrank]:
         raise CodecError("rank entries do not match the argrank metrics")
+    if (found := table_clash(names, slot_specs)) is not None:
+        name, other, key = found
+        raise CodecError(
+            f"metrics {name!r} and {other!r} would both report the key {key!r}; no record, "
+            "merge or sync makes such a table"
+        )
     fixed, dense = body_bytes(n, sketches, aggs, ranked)
     # the token of the tables of these names and specs: merging decoded results (a single
     # controller's workers, every step) finds what earlier merges of them worked out
@@ -183,26 +195,27 @@ def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
     if (
         w.min(initial=0.0) >= 0
         and drop.min(initial=0.0) >= 0
-        and drop.max(initial=0.0) < np.inf
+        and drop.max(initial=0.0) <= COUNT_MAX
+        and (drop == np.floor(drop)).all()
         and not np.isnan(state[al.T].max(initial=-np.inf))
         and all(cells.min(initial=0.0) >= 0 for cells in cells_sent.values())
         and not table.aggs
     ):
         return
-    bad = ~(w >= 0) | ~(drop >= 0) | ~np.isfinite(drop)
+    bad = ~(w >= 0) | ~((drop >= 0) & (drop <= COUNT_MAX) & (drop == np.floor(drop)))
     bad |= np.isnan(state[al.T])
     for slot, cells in cells_sent.items():
         bad[slot] |= not bool((cells >= 0).all())
     for slot, agg in table.aggs.items():
         ranks = agg[:, 1]
         bad[slot] |= not bool(
-            (np.isfinite(ranks) & (ranks >= 0) & (ranks == np.floor(ranks))).all()
+            ((ranks >= 0) & (ranks <= COUNT_MAX) & (ranks == np.floor(ranks))).all()
         )
     if bad.any():
         name = table.names[int(np.argmax(bad))]
         raise CodecError(
-            f"metric {name!r} holds a negative, NaN or fractional count; no record or merge "
-            "makes that state"
+            f"metric {name!r} holds a negative, NaN or fractional count, or a dropped or "
+            "rank count above 2**53; no record or merge makes that state"
         )
 
 

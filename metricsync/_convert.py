@@ -22,11 +22,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
+    "ArrayLike",
+    "Number",
+    "RecordValue",
     "HOST_DEVICE_TYPES",
     "as_torch",
     "check_tensor",
@@ -43,6 +46,22 @@ __all__ = [
     "meta_allowed",
     "meta_records",
 ]
+
+
+class _SupportsArray(Protocol):
+    def __array__(self) -> Any: ...
+
+
+class _SupportsDLPack(Protocol):
+    def __dlpack__(self) -> Any: ...
+
+
+#: a value ``record`` takes as one sample (``bool`` and ``int`` are ``float`` to a type checker)
+Number = float | np.number[Any] | np.bool_
+#: a value ``record`` takes as one sample per element: arrays, tensors, lists and tuples
+ArrayLike = np.ndarray | _SupportsArray | _SupportsDLPack | list[Any] | tuple[Any, ...]
+#: what ``Metrics.record`` takes (a string, ``None`` or a complex number is not one)
+RecordValue = Number | ArrayLike
 
 _REAL_KINDS = "biuf"
 #: Device types whose tensors live in host memory: recorded as host data, like numpy.

@@ -24,15 +24,17 @@ import fnmatch
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
-from . import _codec, _convert
-from ._async import sync_async
+from . import _codec, _convert, _resume
+from ._async import SyncHandle, sync_async
+from ._convert import ArrayLike, Number, RecordValue
 from ._errors import CodecError
 from ._formatting import format_line, numbers_of
 from ._histogram import Histogram, table_histograms
+from ._keys import check_table
 from ._pending import FAST_LIMIT
 from ._rules import SpecTable
 from ._spec import Spec
@@ -107,6 +109,14 @@ class Metrics:
             return self._store.spec(name)
 
     # -------------------------------------------------------------- recording
+
+    @overload
+    def record(self, name: str, value: Number, *, weight: Any = None, mask: Any = None) -> None: ...
+
+    @overload
+    def record(
+        self, name: str, value: ArrayLike, *, weight: Any = None, mask: Any = None
+    ) -> None: ...
 
     def record(self, name: str, value: Any, *, weight: Any = None, mask: Any = None) -> None:
         """Record ``value`` under ``name``; every element of an array or tensor is a sample.
@@ -189,7 +199,7 @@ class Metrics:
         if _TENSOR[0] is None and cls.__name__ in ("Tensor", "Parameter"):
             _TENSOR[0] = _torch_tensor_class()
 
-    def update(self, values: Mapping[str, Any]) -> None:
+    def update(self, values: Mapping[str, RecordValue]) -> None:
         """Record several metrics at once: ``update({"lr": lr, "tokens": n})``.
 
         Every entry is checked before any is recorded, so a bad one raises (naming
@@ -208,6 +218,7 @@ class Metrics:
                     pending.append(partial(buf.append, value))  # cannot fail
                 else:
                     pending.append(self._store.prepare(name, value, None, None))
+            self._store.check_new([name for name in values if name.__class__ is str])
             for apply in pending:
                 apply()
             if any(len(self._fast.get(name, ())) >= FAST_LIMIT for name in values):
@@ -334,22 +345,62 @@ class Metrics:
         return (_from_bytes, (self.to_bytes(),))
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpointable dict: ``{"metricsync": 1, "data": bytes}``."""
-        return {"metricsync": 1, "data": self.to_bytes()}
+        """A checkpointable dict of an int and bytes: ``{"metricsync": 1, "data": bytes}``
+        (``to_bytes()``), and ``"resume"``: the samples not yet folded, as they are held,
+        so that a ``Metrics`` restored from it and fed the same records gives bit for bit
+        the results of this one (not while accelerator tensors are pending: their state
+        folds into ``"data"`` alone, and a resumed run agrees up to float64 rounding)."""
+        parts = self._store.resumable()
+        if parts is None:
+            return {"metricsync": 1, "data": self.to_bytes()}
+        twin = Store.resume(parts[0].copy(), parts[1].copy(), parts[2])  # "data": that state
+        return {
+            "metricsync": 1,
+            "data": _codec.encode(twin.rules, twin.folded()),
+            "resume": _resume.encode(*parts),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace specs and state with those of a :meth:`state_dict`."""
-        if not isinstance(state, Mapping) or state.get("metricsync") != 1 or "data" not in state:
-            raise CodecError("not a metricsync state_dict (expected keys 'metricsync' and 'data')")
-        store = Store(*_codec.decode(state["data"]))
+        """Replace specs and state with those of a :meth:`state_dict` (its ``"resume"``
+        where present, else its ``"data"``); ``CodecError`` for anything else."""
+        if not isinstance(state, Mapping) or "data" not in state:
+            raise CodecError(
+                "not a metricsync state_dict: expected a mapping with keys 'metricsync' "
+                f"(the int 1) and 'data' (bytes), got {type(state).__name__}"
+            )
+        version = state.get("metricsync")
+        if type(version) is not int or version != 1:
+            raise CodecError(
+                f"not a metricsync state_dict: 'metricsync' must be the int 1, got "
+                f"{type(version).__name__} {str(version)[:40]}"
+            )
+        if "resume" in state:
+            store = Store.resume(*_resume.decode(state["resume"]))
+        else:
+            store = Store(*_codec.decode(state["data"]))
         with self._store.lock:
             self._adopt(store)
 
     # ---------------------------------------------------------------- syncing
 
+    @overload
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: Literal[False] = False
+    ) -> Metrics: ...
+
+    @overload
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: Literal[True]
+    ) -> SyncHandle: ...
+
+    @overload
     def sync(
         self, group: Any = None, *, timeout: float | None = None, async_op: bool = False
-    ) -> Any:
+    ) -> Metrics | SyncHandle: ...
+
+    def sync(
+        self, group: Any = None, *, timeout: float | None = None, async_op: bool = False
+    ) -> Metrics | SyncHandle:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
         Without an initialized process group, a copy. ``group`` is a process group
@@ -366,8 +417,16 @@ class Metrics:
         its own keeps them apart); its result holds only the names some rank holds.
         """
         if async_op:
-            return sync_async(self._store, group, timeout, self._from_store)
-        return sync(self._store, group, timeout, self._from_store)
+            return sync_async(self._store, group, timeout, self._from_synced)
+        return sync(self._store, group, timeout, self._from_synced)
+
+    @classmethod
+    def _from_synced(cls, store: Store) -> Metrics:
+        """A sync's result; ``SpecMismatchError`` (on every rank: each holds the same
+        table) where names of different ranks would share a key of ``compute()``."""
+        table = store.table
+        check_table(table.names, table.specs, table.plan().keys)
+        return cls._from_store(store)
 
 
 def _store_of(metrics: Metrics) -> Store:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
 from typing import Any
 
@@ -49,7 +50,7 @@ from ._fold import Batch, Cells
 from ._runs import Chunk, Rows, Runs, to_batch
 from ._spec import Spec
 
-__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "HostPending"]
+__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "Held", "HostPending"]
 
 FAST_LIMIT = 4096  #: numbers a name buffers before a fold
 CHUNK_LIMIT = 1 << 16  #: array samples buffered before a fold; larger arrays fold at once
@@ -89,6 +90,25 @@ def _new_stamped(like: StampedBuffer) -> StampedBuffer:
     return fresh
 
 
+@dataclass
+class Held:
+    """Every pending sample of a :class:`HostPending`, as plain arrays, laid out as it holds
+    them (a checkpoint carries this, so that a restored ``Metrics`` folds them, and what
+    follows, at the same points and in the same runs as the one that wrote it)."""
+
+    #: name, its number buffer's numbers, the time of a ``last`` metric's latest number
+    numbers: list[tuple[str, np.ndarray, float | None]] = field(default_factory=list)
+    pairs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # weighted
+    #: buffers a fold swapped out while another thread held them: name, values, weights, time
+    retired: list[tuple[str, np.ndarray, np.ndarray | None, float | None]] = field(
+        default_factory=list
+    )
+    arrays: list[tuple[str, list[np.ndarray]]] = field(default_factory=list)  # see ``extend``
+    chunk: list[tuple[int, np.ndarray, np.ndarray | None, float]] = field(default_factory=list)
+    rows: list[tuple[int, np.ndarray, float]] = field(default_factory=list)  # slot, column, time
+    cells: list[Cells] = field(default_factory=list)  # the sketch cells of the rows
+
+
 class HostPending:
     """Pending host samples of one ``Metrics``; see the module docstring."""
 
@@ -119,10 +139,15 @@ class HostPending:
         else:
             self.fast[name] = array("d")
 
-    def open_weighted(self, name: str, spec: Spec) -> None:
-        """Give ``name`` a pair of buffers for weighted Python numbers (the fast path)."""
-        if spec.nan != "error" and "last" not in spec.reduce and name not in self.weighted:
-            self.weighted[name] = (array("d"), array("d"))
+    def open_weighted(self, name: str, spec: Spec) -> tuple[Any, Any] | None:
+        """Give ``name`` a pair of buffers for weighted Python numbers (the fast path);
+        return it (None where its spec takes none: ``last`` and ``nan="error"``)."""
+        if spec.nan == "error" or "last" in spec.reduce:
+            return None
+        pair = self.weighted.get(name)
+        if pair is None:
+            pair = self.weighted[name] = (array("d"), array("d"))
+        return pair
 
     def fits(self, n: int) -> bool:
         """Whether ``n`` more array samples (or one reduced record) fit before a fold."""
@@ -293,6 +318,76 @@ class HostPending:
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
 
+    def export(self) -> Held:
+        """Every pending sample, copied, as this object holds it (the caller holds the
+        store's lock; the lock-free appends of ``record`` may still add numbers)."""
+        held = Held()
+        for name, buf in self.fast.items():
+            if len(buf):
+                stamp = buf.stamp if buf.__class__ is StampedBuffer else None
+                held.numbers.append((name, np.frombuffer(buf.tobytes()), stamp))
+        for name, pair in self.weighted.items():
+            n = _length(pair)
+            if n:
+                values, weights = (np.frombuffer(b.tobytes())[:n] for b in pair)
+                held.pairs.append((name, values, weights))
+        for name, buf, done in self._retired:
+            n = _length(buf)
+            if n > done:
+                if isinstance(buf, tuple):
+                    v, w = (np.frombuffer(b.tobytes())[done:n] for b in buf)
+                    held.retired.append((name, v, w, None))
+                else:
+                    stamp = buf.stamp if isinstance(buf, StampedBuffer) else None
+                    held.retired.append((name, np.frombuffer(buf.tobytes())[done:n], None, stamp))
+        held.arrays = [(name, list(parts)) for name, parts in self._arrays.items()]
+        start = 0
+        slots, lengths, stamps, weighted = self._meta
+        for slot, n, stamp, has in zip(slots, lengths, stamps, weighted):
+            wts = self._wts[start : start + n].copy() if has and self._wts is not None else None
+            held.chunk.append((slot, self._vals[start : start + n].copy(), wts, stamp))
+            start += n
+        rows = self._rows
+        held.rows = [
+            (slot, rows.cols[:, i].copy(), stamp)
+            for i, (slot, stamp) in enumerate(zip(rows.slot, rows.stamp))
+        ]
+        held.cells = list(rows.cells)
+        return held
+
+    def restore(self, held: Held, specs: Mapping[str, Spec]) -> None:
+        """Hold ``held`` (checked: see :mod:`metricsync._resume`) as :meth:`export` found
+        it; ``specs`` maps its names to their specs. Nothing may be pending here yet."""
+        for name, values, stamp in held.numbers:
+            self.open(name, specs[name])
+            buf = self.fast[name]
+            buf.frombytes(values.astype(np.float64).tobytes())
+            if stamp is not None:
+                buf.stamp = stamp
+        for name, values, paired in held.pairs:
+            pair = self.open_weighted(name, specs[name])
+            assert pair is not None  # checked by the decoder
+            pair[0].frombytes(values.astype(np.float64).tobytes())
+            pair[1].frombytes(paired.astype(np.float64).tobytes())
+        for name, values, weights, stamp in held.retired:
+            if weights is not None:
+                self._retired.append((name, (_buffer(values), _buffer(weights)), 0))
+            elif stamp is not None:
+                buf = StampedBuffer("d")
+                buf.frombytes(values.astype(np.float64).tobytes())
+                buf.stamp = stamp
+                self._retired.append((name, buf, 0))
+            else:
+                self._retired.append((name, _buffer(values), 0))
+        for name, parts in held.arrays:
+            self._arrays[name] = list(parts)
+            self._extended += sum(map(len, parts))
+        for slot, values, weights, stamp in held.chunk:
+            self.add(slot, values, weights, stamp)
+        for slot, row, stamp in held.rows:
+            self._rows.add(slot, row, None, stamp)
+        self._rows.cells = list(held.cells)
+
     def _renew(self, names: list[str]) -> None:
         """Swap the number buffers of ``names`` for new empty ones of their kinds. Each name
         is given its new buffer once (none holds one of another kind in between), and the
@@ -351,6 +446,13 @@ class HostPending:
 
     def _batch(self, runs: Runs) -> Batch | None:
         return to_batch(runs, Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
+
+
+def _buffer(values: np.ndarray) -> array:
+    """A number buffer holding ``values``."""
+    buf = array("d")
+    buf.frombytes(values.astype(np.float64).tobytes())
+    return buf
 
 
 def _length(buf: Any) -> int:

@@ -17,13 +17,16 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from ._sketch import sketch_layout
 from ._tokens import remember
 
 __all__ = [
     "ACROSS_MODES",
+    "Across",
+    "NanPolicy",
+    "QuantileMethod",
     "canonical",
     "MAX_FMT_NUMBER",
     "MAX_STATS",
@@ -34,6 +37,13 @@ __all__ = [
     "Spec",
     "quantile_of",
 ]
+
+#: how ranks are combined (``Spec(across=...)``)
+Across = Literal["exact", "mean", "sum", "min", "max", "first"]
+#: what non-finite samples do (``Spec(nan=...)``)
+NanPolicy = Literal["propagate", "ignore", "error"]
+#: how a quantile is read from the sketch (``Spec(quantile_method=...)``)
+QuantileMethod = Literal["linear", "inverted_cdf"]
 
 PLAIN_STATS = ("mean", "sum", "count", "min", "max", "last", "std", "var")
 ACROSS_MODES = ("exact", "mean", "sum", "min", "max", "first")
@@ -141,13 +151,13 @@ class Spec:
     _key: tuple[Any, ...]
     _hash: int
     reduce: tuple[str, ...]
-    across: str
+    across: Across
     fmt: str | None
-    nan: str
+    nan: NanPolicy
     accuracy: float
     quantiles: tuple[float, ...]
     ddof: int
-    quantile_method: str
+    quantile_method: QuantileMethod
     argrank: bool
     needs_sketch: bool  #: whether a statistic is a quantile strictly between p0 and p100
 
@@ -155,12 +165,12 @@ class Spec:
         self,
         reduce: str | Iterable[str] = "mean",
         *,
-        across: str = "exact",
+        across: Across = "exact",
         fmt: str | None = None,
-        nan: str = "propagate",
+        nan: NanPolicy = "propagate",
         accuracy: float = 0.01,
         ddof: int = 0,
-        quantile_method: str = "linear",
+        quantile_method: QuantileMethod = "linear",
         argrank: bool = False,
     ) -> None:
         stats = (reduce,) if isinstance(reduce, str) else tuple(reduce)

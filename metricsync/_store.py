@@ -20,6 +20,7 @@ Python-number fast path of ``Metrics.record`` (an append to a buffer of
 from __future__ import annotations
 
 import threading
+from array import array
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -32,7 +33,8 @@ from ._convert import as_torch, device_inputs, host_record, host_scalar, is_plai
 from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
-from ._pending import FAST_LIMIT, HostPending
+from ._keys import Lookup, clash, clash_error, first_clash
+from ._pending import FAST_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
@@ -47,6 +49,16 @@ _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 MASKED_MAX = 4096  #: a record under a mask alone buffers at most this many kept samples
+
+
+def _numbers(value: list[Any]) -> array | None:
+    """A list of Python floats and ints as an ``array('d')`` (None for any other list)."""
+    if not all(v.__class__ is float or v.__class__ is int for v in value):
+        return None
+    try:
+        return array("d", value)
+    except OverflowError:  # an int beyond float64: the general path says so
+        return None
 
 
 class Store:
@@ -87,6 +99,16 @@ class Store:
                     f"metric {name!r} holds samples under {old!r}; cannot change it to {new!r}"
                 )
             changes[slot] = new
+        if changes:
+            specs = {self.table.names[slot]: spec for slot, spec in changes.items()}
+
+            def lookup(name: str) -> Spec | None:
+                return specs.get(name) or self._held_spec(name)
+
+            found = first_clash(list(specs), lookup)
+            if found is not None:
+                name, other, key = found
+                raise clash_error(name, specs[name], other, key)
         return changes
 
     def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
@@ -97,6 +119,44 @@ class Store:
             self.table.respec(slot, new)
             self.pending.forget(name)
             self.pending.open(name, new)
+
+    def _held_spec(self, name: str) -> Spec | None:
+        """The spec of ``name`` if it has a slot (a key of ``compute()``), else None."""
+        slot = self.table.index.get(name)
+        return None if slot is None else self.table.specs[slot]
+
+    def check_name(self, name: str, spec: Spec, lookup: Lookup | None = None) -> None:
+        """``SpecMismatchError`` naming both where ``name`` (without a slot yet), with
+        ``spec``, would report a key another metric reports (see :mod:`metricsync._keys`)."""
+        if name in self.table.index:
+            return
+        found = clash(name, spec, self._held_spec if lookup is None else lookup)
+        if found is not None:
+            raise clash_error(name, spec, *found)
+
+    def check_new(self, names: list[str]) -> None:
+        """:meth:`check_name` of each of ``names`` without a slot, against the table and
+        each other (an ``update`` opening several names at once)."""
+        with self.lock:
+            new = {n: self.spec(n) for n in names if n not in self.table.index}
+            if not new:
+                return
+
+            def lookup(name: str) -> Spec | None:
+                return new.get(name) or self._held_spec(name)
+
+            found = first_clash(list(new), lookup)
+            if found is not None:
+                name, other, key = found
+                raise clash_error(name, new[name], other, key)
+
+    def _slot(self, name: str, spec: Spec) -> int:
+        """``name``'s slot, made with ``spec`` if it has none (where no key meets another's)."""
+        slot = self.table.index.get(name)
+        if slot is None:
+            self.check_name(name, spec)
+            slot = self.table.slot(name, spec)
+        return slot
 
     def _holds_data(self, slot: int) -> bool:
         name = self.table.names[slot]
@@ -114,6 +174,7 @@ class Store:
             raise TypeError(f"a metric name must be a non-empty string, got {name!r}")
         with self.lock:
             spec = self.spec(name)
+            self.check_name(name, spec)
         cls = value.__class__
         plain = weight is None and mask is None
         if plain and (cls is float or cls is int or cls is np.float64) and spec.nan != "error":
@@ -132,13 +193,17 @@ class Store:
             if plain and tensor.dim() == 0:
                 return self.prepare(name, host_scalar(name, tensor), None, None)
             value = tensor
+        if plain and cls is list and spec.nan != "error" and "last" not in spec.reduce:
+            numbers = _numbers(value)
+            if numbers is not None:  # as Metrics.record extends an open buffer with it
+                return partial(self.add_numbers, name, numbers, spec)
         values, w = host_record(name, value, weight, mask, spec.nan == "error")
         return partial(self._apply_host, name, spec, values, w)
 
     def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
         with self.lock:
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)
             masked = w is not None and w.dtype == _BOOL  # a mask alone, no weight
             if masked:  # its kept samples, under add_masked's bound
@@ -147,8 +212,15 @@ class Store:
             n = len(values)
             if not n:
                 return
-            if n == 1 and w is not None:  # a weighted number: its next ones take the fast path
-                self.pending.open_weighted(name, spec)
+            if n == 1 and w is not None:  # a weighted number: it and its next ones take the
+                # pair of buffers the fast path appends to, whether or not it was open
+                pair = self.pending.open_weighted(name, spec)
+                if pair is not None:
+                    pair[0].append(float(values[0]))
+                    pair[1].append(float(w[0]))
+                    if len(pair[0]) >= FAST_LIMIT:
+                        self.flush()
+                    return
             stamp = al.now_us()
             if not self.pending.fits(n if n <= most else 0):
                 self.flush()
@@ -209,7 +281,7 @@ class Store:
                 if spec.nan == "error":
                     return False
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)  # the name's later numbers take the fast path
             buf = self.pending.fast.get(name)
             if buf is not None:  # this one too: one run with them
@@ -222,10 +294,23 @@ class Store:
             self.pending.add(slot, np.array([number]), None, al.now_us())
         return True
 
+    def add_numbers(self, name: str, numbers: array, spec: Spec) -> None:
+        """Extend ``name``'s number buffer (opened here) by a list's numbers, as the fast
+        path of ``Metrics.record`` extends an open one: where a list goes does not depend
+        on whether the name was recorded before."""
+        with self.lock:
+            self._changes += 1
+            self._slot(name, spec)
+            self.pending.open(name, spec)
+            buf = self.pending.fast[name]
+            buf.extend(numbers)
+            if len(buf) >= FAST_LIMIT:
+                self.flush()
+
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
         with self.lock:
             self._changes += 1
-            slot = self.table.slot(name, spec)
+            slot = self._slot(name, spec)
             self.pending.open(name, spec)
             if x.numel() == 0:  # no samples, and no device state that names would count
                 return
@@ -248,6 +333,30 @@ class Store:
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())
             return True
+
+    def _check_union(self, other: StateTable, changes: dict[int, Spec]) -> None:
+        """``SpecMismatchError`` where a name ``other`` adds (or one ``changes`` respecs)
+        would share a key with another metric of the merged table."""
+        index, mine = self.table.index, self.table.specs
+        respecced = {self.table.names[slot]: spec for slot, spec in changes.items()}
+
+        def lookup(name: str) -> Spec | None:
+            spec = respecced.get(name)
+            if spec is not None:
+                return spec
+            slot = index.get(name)
+            if slot is not None:
+                return mine[slot]
+            slot = other.index.get(name)
+            return None if slot is None else other.specs[slot]
+
+        added = [name for name in other.names if name not in index]
+        found = first_clash(added + list(respecced), lookup)
+        if found is not None:
+            name, key_of, key = found
+            spec = lookup(name)
+            assert spec is not None
+            raise clash_error(name, spec, key_of, key)
 
     # ---------------------------------------------------------------- folding
 
@@ -272,7 +381,7 @@ class Store:
         with self.lock:
             self._changes += 1
             spec = self.spec(name)
-            self.table.slot(name, spec)  # the name takes its place (and format) now
+            self._slot(name, spec)  # the name takes its place (and format) now
             self.pending.open(name, spec)
             self.deferred.append((name, value))
 
@@ -370,6 +479,26 @@ class Store:
             names = self.table.names
             return [names[i] for i in np.flatnonzero(held).tolist()]
 
+    # ------------------------------------------------------------ checkpoints
+
+    def resumable(self) -> tuple[SpecTable, StateTable, Held] | None:
+        """Rules, a copy of the table as folded so far and the pending host samples, taken
+        at once: what a store needs to go on exactly as this one (:meth:`resume`). None
+        while accelerator states are pending (they fold into the table only when read)."""
+        with self.lock:
+            if self.deferred:
+                self._resolve_deferred()
+            if self.devices:
+                return None
+            return self.rules.copy(), self.table.copy(), self.pending.export()
+
+    @classmethod
+    def resume(cls, rules: SpecTable, table: StateTable, held: Held) -> Store:
+        """A store holding ``table`` and the pending samples ``held`` (checked)."""
+        store = cls(rules, table)
+        store.pending.restore(held, {name: table.specs[i] for i, name in enumerate(table.names)})
+        return store
+
     # -------------------------------------------------------------- lifecycle
 
     def reset(self) -> None:
@@ -397,6 +526,7 @@ class Store:
             else:
                 merged = merged_rules(self.rules, self.table, other.rules, table)
                 changes = self._rule_changes(merged)
+                self._check_union(table, changes)
                 if not changes:  # a bound: the pairs of the latest merges
                     remember(_AGREED, key, merged.copy(), 64)
                 self._apply_rules(merged, changes)

@@ -192,3 +192,116 @@ def test_state_dict_mid_window_does_not_disturb_the_window() -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--resume"]:
     print(json.dumps(resume(json.loads(sys.argv[2]))))
+
+
+def _pending_rich() -> ms.Metrics:
+    """Samples in every kind of pending buffer: numbers, weighted pairs, listed arrays,
+    the array chunk, rows reduced on arrival with sketch cells."""
+    m = ms.Metrics(SPECS)
+    m.record("loss", 1.5)
+    m.record("kl", 0.25, weight=3.0)
+    m.record("gn", np.arange(100.0))  # a listed array
+    m.record("len", np.arange(300.0))  # reduced on arrival, with its sketch cells
+    m.record("lr", 3e-4)  # a number buffer that keeps its time
+    m.record("loss", np.array([1.0, 2.0]), weight=np.array([0.5, 2.0]))  # the chunk
+    return m
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        lambda blob: {"metricsync": torch.tensor([1, 1]), "data": blob},
+        lambda blob: {"metricsync": np.array([1, 1]), "data": blob},
+        lambda blob: {"metricsync": torch.tensor(1), "data": blob},
+        lambda blob: {"metricsync": 1.0, "data": blob},
+        lambda blob: {"metricsync": True, "data": blob},
+        lambda blob: {
+            "metricsync": 1,
+            "data": torch.frombuffer(bytearray(blob), dtype=torch.uint8),
+        },
+        lambda blob: {"metricsync": 1, "data": np.frombuffer(blob, np.uint8)},
+        lambda blob: {"metricsync": 1, "data": blob, "resume": torch.zeros(3)},
+        lambda blob: {"metricsync": 1, "data": blob, "resume": b"MSYR"},
+        lambda blob: {"metricsync": 1, "data": blob, "resume": blob},
+        lambda blob: torch.zeros(2),
+    ],
+)
+def test_load_state_dict_given_tensors_or_arrays_raises_codec_error(state: Any) -> None:
+    """A tensor or array where an int or bytes belong is a CodecError that says what was
+    expected (it was a RuntimeError or ValueError of their truth value), and nothing changes."""
+    m = _pending_rich()
+    before = m.compute()
+    with pytest.raises(ms.CodecError, match=r"expected|must be|not a metricsync|truncated"):
+        m.load_state_dict(state(m.to_bytes()))
+    assert m.compute() == before
+
+
+def test_every_truncation_and_byte_flip_of_a_resume_raises_codec_error() -> None:
+    state = _pending_rich().state_dict()
+    resume = state["resume"]
+    for cut in range(0, len(resume), 7):
+        with pytest.raises(ms.CodecError):
+            ms.Metrics().load_state_dict({**state, "resume": resume[:cut]})
+    for at in range(0, len(resume), 5):
+        flipped = bytearray(resume)
+        flipped[at] ^= 0x5A
+        with pytest.raises(ms.CodecError):
+            ms.Metrics().load_state_dict({**state, "resume": bytes(flipped)})
+
+
+def test_a_resume_holding_what_no_record_holds_raises_codec_error() -> None:
+    """Checksummed but hostile: a buffer its spec does not take, a negative weight, a
+    sketch cell outside the sketch, a slot beyond the table, a short or long body."""
+    import json
+    import struct
+    import zlib
+
+    from metricsync import _codec, _resume
+    from metricsync._pending import Held
+
+    m = _pending_rich()
+    resume = m.state_dict()["resume"]
+    head = struct.Struct("<4sHHQIQ")
+    _, _, _, table_len, head_len, _ = head.unpack_from(resume)
+    table = resume[head.size : head.size + table_len]
+    header = json.loads(resume[head.size + table_len : head.size + table_len + head_len])
+    body = np.frombuffer(resume[head.size + table_len + head_len : -4], dtype="<f8")
+    rules, decoded, held = _resume.decode(resume)
+    assert held.numbers and held.pairs and held.arrays and held.chunk and held.rows
+    assert held.cells
+
+    def framed(header: Any, body: np.ndarray) -> bytes:
+        text, raw = json.dumps(header).encode(), body.astype("<f8").tobytes()
+        out = head.pack(b"MSYR", 1, 0, len(table), len(text), len(raw)) + table + text + raw
+        return out + struct.pack("<I", zlib.crc32(out))
+
+    assert _resume.decode(framed(header, body))[2].cells  # framed as the encoder does
+    lr = decoded.names.index("lr")
+    cases = [
+        framed({**header, "pairs": [[lr, 0]]}, body),  # a 'last' metric has no pair
+        framed({**header, "numbers": header["numbers"] + [[len(decoded.names), 0, 0]]}, body),
+        framed({**header, "rows": header["rows"] + header["rows"]}, body),  # body too short
+        framed(header, np.r_[body, 0.0]),  # too long
+        framed({**header, "chunk": [[0, -1, 0]]}, body),
+        framed({**header, "cells": "x"}, body),
+        framed([1, 2], body),
+    ]
+    one = np.ones(1)
+    for bad in [
+        Held(pairs=[("kl", one, -one)]),  # a negative weight
+        Held(pairs=[("kl", one, one * np.inf)]),
+        Held(numbers=[("lr", one, None)]),  # a 'last' buffer without its time
+        Held(numbers=[("loss", one, 5.0)]),  # a time where none is kept
+        Held(numbers=[("loss", one, None), ("loss", one, None)]),  # the same buffer twice
+        Held(chunk=[(0, one, None, np.nan)]),
+        Held(rows=[(0, np.r_[-1.0, np.zeros(9)], 1.0)]),  # a negative weight sum
+        Held(cells=[(decoded.names.index("len"), np.array([10**6]), one)]),  # outside
+        Held(cells=[(decoded.names.index("loss"), np.array([1]), one)]),  # no sketch
+        Held(chunk=[(0, np.zeros(1 << 17), None, 1.0)]),  # more than a chunk holds
+    ]:
+        cases.append(_resume.encode(rules, decoded, bad))
+    for case in cases:
+        with pytest.raises(ms.CodecError):
+            ms.Metrics().load_state_dict(
+                {"metricsync": 1, "data": _codec.encode(rules, decoded), "resume": case}
+            )

@@ -460,3 +460,47 @@ def test_decoded_object_is_independent() -> None:
     back.record("len", 1e6)
     back.reset()
     assert m.to_bytes() == blob
+
+
+def test_a_huge_or_fractional_drop_or_rank_count_raises_and_merges_never_overflow() -> None:
+    """Dropped-sample and rank counts are whole numbers up to 2**53: a blob claiming
+    1e308 dropped samples on an ``across`` metric is refused (merging two decodes of it
+    overflowed to inf with a RuntimeWarning, into a state no blob may hold); at the bound,
+    merges stay finite and warn about nothing."""
+    import warnings
+
+    m = ms.Metrics({"a": ms.Spec(("mean", "max"), across="mean", nan="ignore")})
+    m.record("a", [1.0, np.nan])
+    header, body = _split(m.to_bytes())
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    for bad in (1e308, 2.0**53 + 2, 1.5, np.inf):
+        state = rows.copy()
+        state[al.DROP] = bad
+        with pytest.raises(ms.CodecError, match="'a' holds"):
+            ms.Metrics.from_bytes(_join(header, state.tobytes()))
+    state = rows.copy()
+    state[al.DROP] = 2.0**53
+    blob = _join(header, state.tobytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        merged = ms.merge([ms.Metrics.from_bytes(blob), ms.Metrics.from_bytes(blob)])
+        assert merged.compute()["a/nan_dropped"] == 2.0**54
+        assert ms.Metrics.from_bytes(blob).compute()["a/nan_dropped"] == 2.0**53
+    other = ms.Metrics({"a": m.spec("a")})
+    other.record("a", 2.0)
+    m.merge(other)  # one finished rank in the aggregate
+    header, body = _split(m.to_bytes())
+    rows = np.frombuffer(body, dtype="<f8").copy()
+    counts = al.NCOL + np.array([1, 5])  # each aggregate row: value, ranks, ...
+    assert rows[counts].tolist() == [1.0, 1.0]
+    for bad in (1e308, 0.5):
+        state = rows.copy()
+        state[counts] = bad
+        with pytest.raises(ms.CodecError, match="'a' holds"):
+            ms.Metrics.from_bytes(_join(header, state.tobytes()))
+    state = rows.copy()
+    state[counts] = 2.0**53
+    blob = _join(header, state.tobytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ms.merge([ms.Metrics.from_bytes(blob), ms.Metrics.from_bytes(blob)]).compute()

@@ -1,0 +1,96 @@
+"""Output keys two metrics would share: a metric named like another's derived key.
+
+``compute()`` reports a one-statistic metric under its name and a metric of
+several statistics as ``name/stat``, and adds ``name/nan_dropped``,
+``name/max_rank`` and ``name/min_rank`` where its spec asks for them. A metric
+named ``x/max`` beside ``x`` of statistics ``("mean", "max")`` would report the
+same key, one value silently replacing the other; so wherever two such names
+would meet (a record or ``define``, a merge, a sync, a decoded blob) they are
+refused, naming both. Statistics hold no ``/``, so two keys can only meet where one
+metric's name is another's derived key.
+
+>>> from metricsync._spec import Spec
+>>> specs = {"x": Spec(("mean", "max"))}
+>>> clash("x/max", Spec(), specs.get)
+('x', 'x/max')
+>>> clash("x/min", Spec(), specs.get) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+
+from ._errors import SpecMismatchError
+from ._spec import Spec
+from ._tokens import remember
+
+__all__ = ["Lookup", "check_table", "clash", "clash_error", "first_clash", "table_clash"]
+
+Lookup = Callable[[str], "Spec | None"]
+
+
+@cache
+def _derived(spec: Spec) -> tuple[str, ...]:
+    """The suffixes (``/max``) of a spec's keys other than the bare name."""
+    keys = spec.output_keys("") + spec.extra_keys("")
+    return tuple(key for key in keys if key)
+
+
+def clash(name: str, spec: Spec, lookup: Lookup) -> tuple[str, str] | None:
+    """``(other metric, shared key)`` where a metric ``name`` of ``spec`` would report a key
+    that another reports, with ``lookup`` giving the other metrics' specs; else None."""
+    if len(spec.reduce) == 1 and "/" in name:  # its name is a key: another's derived one?
+        parent, _, stat = name.rpartition("/")
+        other = lookup(parent)
+        if other is not None and "/" + stat in _derived(other):
+            return parent, name
+    for suffix in _derived(spec):  # one of its derived keys: another's name?
+        key = name + suffix
+        other = lookup(key)
+        if other is not None and len(other.reduce) == 1:
+            return key, key
+    return None
+
+
+def clash_error(name: str, spec: Spec, other: str, key: str) -> SpecMismatchError:
+    """The error naming both metrics and the key they would share."""
+    return SpecMismatchError(
+        f"metrics {name!r} ({spec!r}) and {other!r} would both report the key {key!r} in "
+        "compute(), one value replacing the other; rename one of them"
+    )
+
+
+def first_clash(names: Sequence[str], lookup: Lookup) -> tuple[str, str, str] | None:
+    """``(name, other, key)`` of the first of ``names`` whose keys meet another's."""
+    for name in names:
+        spec = lookup(name)
+        if spec is not None and (found := clash(name, spec, lookup)) is not None:
+            return name, *found
+    return None
+
+
+def table_clash(names: Sequence[str], specs: Sequence[Spec]) -> tuple[str, str, str] | None:
+    """``(name, other, key)`` where two metrics of a table would share a key, else None."""
+    if not any("/" in name for name in names):  # no name can be another's derived key
+        return None
+    return first_clash(names, dict(zip(names, specs)).get)
+
+
+_CHECKED: dict[int, list[str]] = {}  #: key lists found free of repeats (a sync's plan)
+
+
+def check_table(names: Sequence[str], specs: Sequence[Spec], keys: list[str]) -> None:
+    """``SpecMismatchError`` where two metrics of a table (names, specs and the output
+    keys of its plan) would share a key. One set of the keys answers (the same key list,
+    shared by the results of a steady sync, is answered once)."""
+    if _CHECKED.get(id(keys)) is keys:
+        return
+    if len(set(keys)) == len(keys):
+        remember(_CHECKED, id(keys), keys, 16)  # keeps the list, so its id stays its own
+        return
+    found = table_clash(names, specs)
+    if found is not None:
+        name, other, key = found
+        raise clash_error(name, specs[list(names).index(name)], other, key)
