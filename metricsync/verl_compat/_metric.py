@@ -179,7 +179,7 @@ class Metric:
                 raise ValueError("a weight cannot be given when appending a Metric")
             self.extend(value)
             return
-        if weight is None and isinstance(value, WeightedMean):
+        if weight is None and type(value) is WeightedMean:
             weight = value.weight  # a token mean that carries its token count
         if isinstance(value, (list, tuple)):
             if weight is None or isinstance(weight, (list, tuple)):
@@ -196,7 +196,7 @@ class Metric:
             self._store.record(_NAME, value, weight=weight)
         except TypeError as exc:
             raise ValueError(f"Unsupported value: {exc}") from exc
-        self._n += _size(value)
+        self._n += 1 if type(value) is float else _size(value)
         if weight is not None:
             self._weighted = True
         if self._values is not None:
