@@ -233,3 +233,16 @@ def test_uninstall_gives_verl_its_loss_functions_back() -> None:
         assert all(core_algos.POLICY_LOSS_REGISTRY[k] is not fn for k, fn in before.items())
     assert before == core_algos.POLICY_LOSS_REGISTRY and losses.value_loss is value_loss
     assert core_algos.compute_policy_loss_vanilla is before["vanilla"]
+
+
+def test_a_direct_call_of_verls_loss_still_gets_plain_numbers() -> None:
+    # code that calls verl's policy loss itself (and records the floats) keeps working
+    b = micro_batch(torch.Generator().manual_seed(3), 4, 9)
+    actor_cfg, _ = config()
+    with vc.install():
+        _, metrics = core_algos.compute_policy_loss_vanilla(
+            b["old"], b["new"], b["adv"], b["mask"], "token-mean", actor_cfg
+        )
+    for key in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert isinstance(metrics[key], float) and metrics[key] + 0.0 == float(metrics[key])
+        assert metrics[key].weight == int(b["mask"].sum())  # what the compat Metric reads

@@ -163,7 +163,7 @@ class Metric:
         """Add ``value``: a number, tensor or array (each element one value).
 
         A :class:`Metric` is merged in (see :meth:`extend`); a list or tuple
-        adds each item. Tensors stay on their device; nothing is read from it
+        adds each item; a :class:`WeightedMean` brings its weight. Tensors stay on their device; nothing is read from it
         here. ``weight`` is a scalar or an array broadcastable to ``value``
         (for a list, a scalar or a list of one weight per item). Anything
         else raises ``ValueError`` (as verl).
@@ -179,6 +179,8 @@ class Metric:
                 raise ValueError("a weight cannot be given when appending a Metric")
             self.extend(value)
             return
+        if weight is None and type(value) is WeightedMean:
+            weight = value.weight  # a token mean that carries its token count
         if isinstance(value, (list, tuple)):
             if weight is None or isinstance(weight, (list, tuple)):
                 self.extend(value, weights=weight)  # one weight per item
@@ -194,7 +196,7 @@ class Metric:
             self._store.record(_NAME, value, weight=weight)
         except TypeError as exc:
             raise ValueError(f"Unsupported value: {exc}") from exc
-        self._n += _size(value)
+        self._n += 1 if type(value) is float else _size(value)
         if weight is not None:
             self._weighted = True
         if self._values is not None:

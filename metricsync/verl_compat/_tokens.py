@@ -38,7 +38,9 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._metric import AggregationType, Metric
+import numpy as np
+
+from ._metric import AggregationType, Metric, WeightedMean
 
 __all__ = [
     "POLICY_TOKEN_MEANS",
@@ -77,16 +79,24 @@ VALUE_TOKEN_MEANS = ("critic/vf_clipfrac", "critic/vpred_mean")
 
 
 def _weigh(metrics: Any, keys: tuple[str, ...], response_mask: Any) -> Any:
-    """``metrics`` with each of ``keys`` that holds a plain number made a token-weighted Metric."""
+    """``metrics`` with each of ``keys`` that holds a plain number made a :class:`WeightedMean`.
+
+    The number stays a number for any other reader (verl's own code, a user's
+    direct call of verl's loss function); this package's ``Metric`` takes its
+    weight. Reading the token count is one device sync per call, beside the
+    ``.item()`` verl already does per metric.
+    """
     if not isinstance(metrics, dict) or response_mask is None:
         return metrics
-    mine = {k: v for k, v in metrics.items() if k in keys and not isinstance(v, Metric)}
+    mine = [k for k in keys if k in metrics and _is_number(metrics[k])]
     if not mine:
         return metrics
-    weighted = token_mean_metrics(mine, response_mask)
-    for key, metric in weighted.items():
-        metric.key = key
-    return {**metrics, **weighted}
+    tokens = float(response_mask.sum())
+    return {**metrics, **{k: WeightedMean(metrics[k], weight=tokens) for k in mine}}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
 
 
 def token_weighted_policy_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
