@@ -42,7 +42,7 @@ __all__ = [
     "spec_info",
 ]
 
-_SUM = [al.W, al.S, al.DROP]
+_SUM = [al.W, al.S, al.DROP, al.N, al.W2]
 _MAX = [al.MAX, al.NEGMIN]
 
 
@@ -128,6 +128,10 @@ def run_columns(
         if al.M2 in need:
             dev = x - np.repeat(ssum / lengths, lengths)
             cols[al.M2] = np.add.reduceat(dev * dev, starts)
+        if al.N in need:
+            cols[al.N] = lengths
+        if al.W2 in need:
+            cols[al.W2] = lengths
         return cols
     keep = w > 0
     x0 = np.where(keep, x, 0.0)
@@ -146,6 +150,10 @@ def run_columns(
         mean = np.where(wsum > 0, ssum / np.where(wsum > 0, wsum, 1.0), 0.0)
         dev = x0 - np.repeat(mean, lengths)
         cols[al.M2] = np.add.reduceat(np.where(keep, w * dev * dev, 0.0), starts)
+    if al.N in need:
+        cols[al.N] = np.add.reduceat(keep.astype(np.float64), starts)
+    if al.W2 in need:
+        cols[al.W2] = np.add.reduceat(w * w, starts)
     return cols
 
 
@@ -176,8 +184,10 @@ def reduce_record(
             return row, None
         if w is None:
             row[al.W], row[al.S] = len(x), x.sum(dtype=np.float64)
+            row[al.N] = row[al.W2] = len(x)
         else:
             row[al.W], row[al.S] = w.sum(), np.dot(w, x.astype(np.float64, copy=False))
+            row[al.N], row[al.W2] = len(x), np.dot(w, w)
         if al.MAX in need or al.NEGMIN in need:
             row[al.MAX], row[al.NEGMIN] = x.max(), -float(x.min())  # -uint8(3) is 253
         if al.LAST in need:
