@@ -123,3 +123,33 @@ def test_blobs_of_version_2_read_as_unit_weights(spec: ms.Spec) -> None:
     back = ms.Metrics.from_bytes(old)
     assert back.compute() == m.compute()
     assert back.to_bytes() == m.to_bytes()  # written again as the current version
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e6])
+def test_the_device_fold_gives_the_host_numbers(
+    scale: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU tensors through the accelerator fold (a hook sends them there): the same sample
+    count and squared-weight sum, so the same scale-free quantiles and ``ddof`` variance."""
+    rng = np.random.default_rng(3)
+    x = np.r_[rng.normal(0.0, 5.0, 300), [math.inf, -math.inf]]
+    w = np.r_[rng.uniform(0.0, 2.0, 300), [0.5, 0.25]] * scale
+    specs = {
+        "q": ms.Spec(("p10", "p50", "p90", "var"), ddof=1),
+        "f": ms.Spec(("var", "std"), ddof=1, nan="ignore"),
+    }
+    host = ms.Metrics(specs)
+    for name in specs:
+        for part in np.array_split(np.arange(302), 5):
+            host.record(name, x[part], weight=w[part])
+    monkeypatch.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+    device = ms.Metrics(specs)
+    for name in specs:
+        for part in np.array_split(np.arange(302), 5):
+            device.record(name, torch.tensor(x[part]), weight=torch.tensor(w[part]))
+    want = host.compute()
+    assert device.compute() == pytest.approx(want, rel=1e-9, nan_ok=True)
+    finite = np.isfinite(x)
+    cov = float(np.cov(x[finite], aweights=w[finite], ddof=1))
+    assert want["f/var"] == pytest.approx(cov, rel=1e-9)
+    assert math.isnan(want["q/var"])  # +-inf among the samples (nan="propagate")
