@@ -42,7 +42,8 @@ __all__ = [
     "spec_info",
 ]
 
-_SUM = [al.W, al.S, al.DROP, al.N, al.W2]
+_SUM = [al.W, al.S, al.DROP]
+_COUNTS = (al.N, al.W2)  #: SUM columns only some specs carry: summed where one does
 _MAX = [al.MAX, al.NEGMIN]
 
 
@@ -221,7 +222,8 @@ def merge_by_slot(
         return slots, cols
     out = al.identity(len(first))
     with np.errstate(all="ignore"):
-        out[_SUM] = np.add.reduceat(cols[_SUM], first, axis=1)
+        sums = _SUM + [c for c in _COUNTS if c in info.need]
+        out[sums] = np.add.reduceat(cols[sums], first, axis=1)
         out[_MAX] = np.maximum.reduceat(cols[_MAX], first, axis=1)
         idx = np.maximum.reduceat(
             np.where(cols[al.T] > -np.inf, np.arange(cols.shape[1]), -1), first
