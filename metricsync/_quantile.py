@@ -175,6 +175,8 @@ def _beyond(x: float, lo: float, hi: float, edge: float) -> float:
 
 def _beyond_rows(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, edge: float) -> np.ndarray:
     """:func:`_beyond` of ``(rows, k)`` answers with each row's extremes."""
+    if len(lo) and -edge < lo.min() and hi.max() < edge:  # nothing clamped beyond (usual)
+        return x
     big = np.abs(x) >= edge
     if not big.any():
         return x
@@ -229,8 +231,10 @@ def _answer_one(
     last = len(cum) - 1
     if method == "inverted_cdf":
         # how many cells lie below q * W (within the tie tolerance)
-        at = cum.searchsorted([(q - _TIE) * total for q in qs]).tolist()
-        out = [_beyond(float(reps[min(i, last)]), lo, hi, edge) for i in at]
+        at = cum.searchsorted([(q - _TIE) * total for q in qs])
+        out = reps.take(np.minimum(at, last)).tolist()
+        if not -edge < lo <= hi < edge:  # a sample clamped beyond the largest buckets
+            out = [_beyond(v, lo, hi, edge) for v in out]
     else:
         count = n if n is not None and 0 < n < math.inf else total  # unit weights if unknown
         unit = total / count  # the mean weight: positions j sit at cumulative weight j * unit
@@ -238,12 +242,11 @@ def _answer_one(
         below = [float(math.floor(x)) for x in h]
         bounds = [b * (1.0 + _TIE) * unit for b in below]
         bounds += [(b + 1.0) * (1.0 + _TIE) * unit for b in below]
-        at = cum.searchsorted(bounds, side="right").tolist()
-        out = []
-        for j, (x, b) in enumerate(zip(h, below)):
-            x0 = _beyond(float(reps[min(at[j], last)]), lo, hi, edge)
-            x1 = _beyond(float(reps[min(at[j + len(qs)], last)]), lo, hi, edge)
-            out.append(_lerp_one(x0, x1, x - b))
+        ends = reps.take(np.minimum(cum.searchsorted(bounds, side="right"), last)).tolist()
+        if not -edge < lo <= hi < edge:  # a sample clamped beyond the largest buckets
+            ends = [_beyond(v, lo, hi, edge) for v in ends]
+        k = len(qs)
+        out = [_lerp_one(ends[j], ends[j + k], x - b) for j, (x, b) in enumerate(zip(h, below))]
     # into [lo, hi] (NaN stays NaN, as with numpy's minimum and maximum), ends exact
     return [lo if q == 0.0 else hi if q == 1.0 else min(max(v, lo), hi) for v, q in zip(out, qs)]
 
