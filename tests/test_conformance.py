@@ -805,6 +805,11 @@ QVALUES = st.one_of(st.just(0.0), POSITIVE, POSITIVE.map(lambda v: -v))
 QVALUES_INF = st.one_of(QVALUES, QVALUES, st.sampled_from([math.inf, -math.inf]))
 
 
+#: docs/definitions.md: a cumulative weight within a relative 2**-36 of a quantile's
+#: boundary counts as on it (weights 1e-6 and 3e-6 sum apart from 4 * 1e-6 in float64)
+TIE = Fraction(1, 2**36)
+
+
 def _limit_lerp(x0: float, x1: float, frac: Fraction) -> float:
     """``x0 + frac (x1 - x0)`` and its limit at infinities (NaN only from -inf to +inf)."""
     if frac == 0 or x0 == x1:
@@ -837,15 +842,16 @@ def quantile_oracle(
         return v, v, v, 0.0
     cum = list(itertools.accumulate(ws))
     q_exact = Fraction(repr(q))  # the decimal asked for: p90 is 9/10, not the double 0.9
-    if method == "inverted_cdf":
-        target = q_exact * total
+    if method == "inverted_cdf":  # a boundary within a relative TIE counts as reached
+        target = (q_exact - TIE) * total
         v = xs[min(next(i for i, c in enumerate(cum) if c >= target), n - 1)]
         return v, v, v, 0.0
     h = q_exact * (n - 1)
     below = math.floor(h)
 
     def at(j: int) -> float:  # the first sample whose cumulative weight exceeds j W / n
-        return xs[next((i for i, c in enumerate(cum) if c * n > j * total), n - 1)]
+        bound = j * total * (1 + TIE)  # (within a relative TIE: on it, not past it)
+        return xs[next((i for i, c in enumerate(cum) if c * n > bound), n - 1)]
 
     x0, x1 = at(below), at(below + 1)
     return _limit_lerp(x0, x1, h - below), x0, x1, float(h - below)
