@@ -18,12 +18,17 @@ T      recording time (us) of the latest kept sample    max
 LAST   that sample (equal times: the larger, NaN wins)  by T
 M2     sum of w * (x - mean)^2                          Chan
 DROP   non-finite samples dropped (``nan="ignore"``)    sum
+N      number of samples with weight > 0                sum
+W2     sum of squared weights                           sum
 MAXRNK rank that held MAX (NaN: this process)           by MAX
 MINRNK rank that held the minimum                       by NEGMIN
 ====== ================================================ ===========
 
 The first :data:`NCOL` columns are the persisted state rows of the binary
-format; the two rank columns travel only for ``argrank`` specs.
+format; the two rank columns travel only for ``argrank`` specs. ``N`` makes
+linear quantiles depend on the proportions of the weights only (their mean
+weight is ``W / N``), ``W2`` the ``ddof`` correction of ``var`` and ``std``
+(reliability weights: ``W - ddof * W2 / W``); unweighted, both equal ``W``.
 
 >>> import numpy as np
 >>> a = identity(1); a[[W, S, MAX, NEGMIN], 0] = [2.0, 3.0, 2.0, -1.0]
@@ -55,12 +60,14 @@ __all__ = [
     "MAX",
     "MAXRANK",
     "MINRANK",
+    "N",
     "NCOL",
     "NCOL_ALL",
     "NEGMIN",
     "S",
     "T",
     "W",
+    "W2",
     "Column",
     "carries",
     "Op",
@@ -103,11 +110,13 @@ COLUMNS = (
     Column("LAST", Op.LAST, 0.0),
     Column("M2", Op.M2, 0.0),
     Column("DROP", Op.SUM, 0.0),
+    Column("N", Op.SUM, 0.0),
+    Column("W2", Op.SUM, 0.0),
     Column("MAXRANK", Op.ARGMAX, np.nan),
     Column("MINRANK", Op.ARGMIN, np.nan),
 )
-W, S, MAX, NEGMIN, T, LAST, M2, DROP, MAXRANK, MINRANK = range(len(COLUMNS))
-NCOL = 8  #: persisted columns (the binary format's state rows)
+W, S, MAX, NEGMIN, T, LAST, M2, DROP, N, W2, MAXRANK, MINRANK = range(len(COLUMNS))
+NCOL = 10  #: persisted columns (the binary format's state rows)
 NCOL_ALL = len(COLUMNS)
 IDENTITY = np.array([c.identity for c in COLUMNS])
 #: the MAX columns (MAX, NEGMIN, T) are adjacent: a slice views them, where an index list
@@ -156,6 +165,10 @@ def needed_columns(spec: Spec) -> tuple[int, ...]:
         cols.add(M2)
     if spec.nan == "ignore":
         cols.add(DROP)
+    if spec.needs_sketch and spec.quantile_method == "linear":
+        cols.add(N)
+    if spec.ddof:
+        cols.add(W2)
     if spec.argrank:
         cols |= {MAXRANK, MINRANK}
     return tuple(sorted(cols))
@@ -266,9 +279,9 @@ class Packed:
     ``carried[c]`` (sorted), column after column; the offsets of each column and,
     for the rules that read other columns, where those sit.
 
-    >>> p = Packed([np.array([0, 1]), np.array([1])] + [np.array([], dtype=int)] * 8)
+    >>> p = Packed([np.array([0, 1]), np.array([1])] + [np.array([], dtype=int)] * 10)
     >>> p.offsets.tolist()
-    [0, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3]
+    [0, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]
     """
 
     def __init__(self, carried: Sequence[np.ndarray]) -> None:
@@ -309,7 +322,8 @@ def merge_packed(rows: np.ndarray, packed: Packed) -> np.ndarray:
             if packed.m2_ws is not None:  # first, while ``out`` holds the left side's sums
                 (w, s), m2 = packed.m2_ws, span[M2]
                 out[m2] = _m2(out[w], b[w], out[s], b[s], out[m2], b[m2], np)
-            for part in slice(span[W].start, span[S].stop), span[DROP]:  # the SUM columns
+            sums = slice(span[W].start, span[S].stop), slice(span[DROP].start, span[W2].stop)
+            for part in sums:  # the SUM columns
                 out[part] += b[part]
         if len(rows) > 1:
             out[tops] = _running_top(rows[:, tops], running=False)

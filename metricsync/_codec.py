@@ -6,13 +6,16 @@ Layout, all little-endian::
     header: UTF-8 JSON {"rules": [[key, spec]], "slots": [[name, spec]],
                         "sketch": [[slot, cells]], "agg": [[slot, rows]]}
                         "ranks": [slot] (only when an argrank metric is present)}
-    body:   float64 state rows (slots x 8), then the (start, count) window of each
+    body:   float64 state rows (slots x 10), then the (start, count) window of each
             sketch, then the count cells of each sketch from its start, then each across
             aggregate (rows x 4), then the (max rank, min rank) pair of each argrank metric
     u32 CRC-32 of everything before it
 
 A sketch sends its cells between its extremes (lengths 16-4,096 at 1%: ~300 of
-8,067). Version 1, still read, sent every cell of every sketch.
+8,067). Version 1, still read, sent every cell of every sketch. Versions 1 and 2,
+still read, hold 8 state rows (no ``N`` and ``W2``, the count of samples and the
+sum of squared weights): their weights read as unit weights (``N = W2 = W``),
+which is exact for unweighted and masked records.
 
 Every length is checked against the bytes actually present before anything is
 allocated, so a hostile header cannot make the decoder allocate more than 4 MiB
@@ -27,10 +30,10 @@ linear in the input's size. Anything malformed raises
 :class:`~metricsync.CodecError`, and nothing else.
 
 Decoded states must be ones that recording and merging can produce: weight
-sums and sketch cells are ``>= 0`` (not NaN), dropped-sample counts and the
-per-rank counts of ``across`` aggregates are whole numbers from 0 to 2**53
-(so that merging decoded states never overflows) and no time stamp is NaN;
-anything else is a ``CodecError``. A column no metric of the blob
+sums, sample counts, squared-weight sums and sketch cells are ``>= 0`` (not NaN),
+dropped-sample counts and the per-rank counts of ``across`` aggregates are whole
+numbers from 0 to 2**53 (so that merging decoded states never overflows) and no
+time stamp is NaN; anything else is a ``CodecError``. A column no metric of the blob
 carries is then set to its identity, as folds and syncs leave it. Values (sums, extremes,
 ``last``, second moments, aggregate values) may be NaN or infinite, as
 ``nan="propagate"`` samples and float64 overflow make them; ``compute()``
@@ -69,8 +72,9 @@ from ._tokens import remember
 __all__ = ["FORMAT_VERSION", "HEAD", "decode", "encode", "frame", "unframe"]
 
 MAGIC = b"MSYN"
-FORMAT_VERSION = 2
-_READS = (1, 2)  #: version 1 has no sketch windows
+FORMAT_VERSION = 3
+_READS = (1, 2, 3)  #: version 1 has no sketch windows; 1 and 2 lack the N and W2 rows
+_NCOL = {1: 8, 2: 8, 3: al.NCOL}  #: state rows per metric, per version
 _SKETCH_SLACK, _SKETCH_RATIO = 4 << 20, 32  #: whole-sketch bytes a blob may declare
 HEAD = struct.Struct("<4sHHIQ")  #: magic, version, flags, header length, body length
 _CRC = struct.Struct("<I")
@@ -218,16 +222,18 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         raise CodecError("checksum mismatch: the blob is corrupted")
     try:
         text = data[HEAD.size : HEAD.size + head_len]
-        shape = known = _SHAPES.get(text)
+        ncol = _NCOL[version]
+        key = text if ncol == al.NCOL else bytes([ncol]) + text  # no JSON starts with a byte < 32
+        shape = known = _SHAPES.get(key)
         if shape is None:
-            shape = new_shape(json.loads(text.decode("utf-8")))
+            shape = new_shape(json.loads(text.decode("utf-8")), ncol)
         if shape.dense > _declarable(len(data)):
             raise CodecError(
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
         table = read_body(shape, view[HEAD.size + head_len : -_CRC.size], windowed=version > 1)
         if known is None:  # kept once a blob of it decoded, and only up to a size
-            _keep(_SHAPES, text, shape, len(text))
+            _keep(_SHAPES, key, shape, len(text))
         return shape.rules.copy(), table
     except CodecError:
         raise
@@ -244,8 +250,9 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         raise CodecError(f"malformed metricsync blob: {exc}") from None
 
 
-#: header bytes -> their checked shape: a single controller decodes its workers'
-#: results every step, and each worker's header is the same each time
+#: header bytes (behind the count of state rows, for versions before 3) -> their checked
+#: shape: a single controller decodes its workers' results every step, and each worker's
+#: header is the same each time
 _SHAPES: dict[bytes, Shape] = {}
 _KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the decoder
 

@@ -8,7 +8,7 @@ and a decoded state must be one that recording and merging can produce (see
 >>> from metricsync._spec import Spec
 >>> shape = new_shape({"rules": [], "slots": [["x", Spec("max").to_json()]], "sketch": [], "agg": []})
 >>> shape.names, shape.specs, shape.fixed
-(['x'], [Spec('max')], 64)
+(['x'], [Spec('max')], 80)
 """
 
 from __future__ import annotations
@@ -38,10 +38,15 @@ COUNT_MAX = float(2**53)
 
 
 def body_bytes(
-    n: int, sketches: list[list[int]], aggs: list[list[int]], ranked: list[int]
+    n: int,
+    sketches: list[list[int]],
+    aggs: list[list[int]],
+    ranked: list[int],
+    ncol: int = al.NCOL,
 ) -> tuple[int, int]:
-    """A body's bytes besides the sketches and their windows, and of the whole sketches."""
-    fixed = n * al.NCOL + sum(ACOL * rows for _, rows in aggs) + 2 * len(ranked)
+    """A body's bytes besides the sketches and their windows, and of the whole sketches
+    (``ncol`` state rows per metric: 8 before version 3)."""
+    fixed = n * ncol + sum(ACOL * rows for _, rows in aggs) + 2 * len(ranked)
     return 8 * fixed, 8 * sum(cells for _, cells in sketches)
 
 
@@ -76,10 +81,12 @@ class Shape:
     ranked: list[int]
     fixed: int  # bytes of the body besides the sketches and their windows
     dense: int  # bytes of the whole sketches
+    ncol: int  # state rows per metric (versions 1 and 2 lack N and W2)
 
 
-def new_shape(header: Any) -> Shape:
-    """The checked shape of a parsed header (``CodecError`` where it cannot be one)."""
+def new_shape(header: Any, ncol: int = al.NCOL) -> Shape:
+    """The checked shape of a parsed header (``CodecError`` where it cannot be one), whose
+    body holds ``ncol`` state rows per metric."""
     if not isinstance(header, dict):
         raise CodecError("header must be a JSON object")
     rules = _pairs(header, "rules", (str, str))
@@ -118,18 +125,20 @@ def new_shape(header: Any) -> Shape:
             f"metrics {name!r} and {other!r} would both report the key {key!r}; no record, "
             "merge or sync makes such a table"
         )
-    fixed, dense = body_bytes(n, sketches, aggs, ranked)
+    fixed, dense = body_bytes(n, sketches, aggs, ranked, ncol)
     # the token of the tables of these names and specs: merging decoded results (a single
     # controller's workers, every step) finds what earlier merges of them worked out
     token = token_of(names, slot_specs)
     index = {name: slot for slot, name in enumerate(names)}
-    return Shape(table_rules, names, slot_specs, index, token, sketches, aggs, ranked, fixed, dense)
+    return Shape(
+        table_rules, names, slot_specs, index, token, sketches, aggs, ranked, fixed, dense, ncol
+    )
 
 
 def read_body(shape: Shape, body: memoryview, windowed: bool) -> StateTable:
     """The table a body of ``shape`` holds; checked before any state is allocated."""
-    n = len(shape.names)
-    offset = n * al.NCOL * 8  # the state rows, then the windows (version 2), then cells
+    n, ncol = len(shape.names), shape.ncol
+    offset = n * ncol * 8  # the state rows, then the windows (version 2), then cells
     if windowed:
         windows = _windows(shape, body, offset)
         offset += 16 * len(windows)
@@ -139,8 +148,10 @@ def read_body(shape: Shape, body: memoryview, windowed: bool) -> StateTable:
     if need != len(body):
         raise CodecError(f"body holds {len(body)} bytes, the header's {n} metrics need {need}")
     cols = np.empty((al.NCOL_ALL, n))  # the rank rows hold their identity unless sent
-    cols[: al.NCOL] = np.frombuffer(body[: n * al.NCOL * 8], dtype="<f8").reshape(n, al.NCOL).T
-    cols[al.NCOL :] = al.IDENTITY[al.NCOL :, None]
+    cols[:ncol] = np.frombuffer(body[: n * ncol * 8], dtype="<f8").reshape(n, ncol).T
+    cols[ncol:] = al.IDENTITY[ncol:, None]
+    if ncol < al.NCOL:  # before N and W2 (version 3): the weights read as unit weights
+        cols[[al.N, al.W2]] = cols[al.W]
     cells: dict[int, np.ndarray] = {}
     sent: dict[int, np.ndarray] = {}  # the cells the body holds (the rest are zero)
     for i, (slot, size) in enumerate(shape.sketches):
@@ -189,7 +200,8 @@ def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
     """Reject states no record or merge can produce (see the module docstring);
     ``cells_sent``: the sketch cells the body held, per slot."""
     state = table.state
-    w, drop = state[al.W], state[al.DROP]
+    w, drop, counts = state[al.W], state[al.DROP], state[al.N : al.W2 + 1]
+    n = state[al.N]  # a count of samples, like drop: whole, and merges without overflow
     # the usual answer in a few reductions (NaN fails each test, as np.min and np.max
     # propagate it); the metric at fault is looked for only when one fails
     if (
@@ -197,12 +209,16 @@ def _check_counts(table: StateTable, cells_sent: dict[int, np.ndarray]) -> None:
         and drop.min(initial=0.0) >= 0
         and drop.max(initial=0.0) <= COUNT_MAX
         and (drop == np.floor(drop)).all()
+        and counts.min(initial=0.0) >= 0
+        and n.max(initial=0.0) <= COUNT_MAX
+        and (n == np.floor(n)).all()
         and not np.isnan(state[al.T].max(initial=-np.inf))
         and all(cells.min(initial=0.0) >= 0 for cells in cells_sent.values())
         and not table.aggs
     ):
         return
     bad = ~(w >= 0) | ~((drop >= 0) & (drop <= COUNT_MAX) & (drop == np.floor(drop)))
+    bad |= ~(counts >= 0).all(axis=0) | ~((n <= COUNT_MAX) & (n == np.floor(n)))
     bad |= np.isnan(state[al.T])
     for slot, cells in cells_sent.items():
         bad[slot] |= not bool((cells >= 0).all())

@@ -195,6 +195,12 @@ def fold_batch(
         dev = x0 - mean[elem_row]
         sq = dev * dev if w_eff is None else w_eff * dev * dev
         cols[al.M2] = zeros.index_add(0, elem_row, sq)
+    if al.N in need:  # the samples of positive weight, and their squared weights
+        cols[al.N] = (
+            cols[al.W] if w_eff is None else zeros.index_add(0, elem_row, (w_eff > 0).to(_F64))
+        )
+    if al.W2 in need:
+        cols[al.W2] = cols[al.W] if w_eff is None else zeros.index_add(0, elem_row, w_eff * w_eff)
     if drop is not None:
         cols[al.DROP] = zeros.index_add(0, elem_row, drop.to(_F64))
     sketches = {}

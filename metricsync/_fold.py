@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _SUM = [al.W, al.S, al.DROP]
+_COUNTS = (al.N, al.W2)  #: SUM columns only some specs carry: summed where one does
 _MAX = [al.MAX, al.NEGMIN]
 
 
@@ -128,6 +129,10 @@ def run_columns(
         if al.M2 in need:
             dev = x - np.repeat(ssum / lengths, lengths)
             cols[al.M2] = np.add.reduceat(dev * dev, starts)
+        if al.N in need:
+            cols[al.N] = lengths
+        if al.W2 in need:
+            cols[al.W2] = lengths
         return cols
     keep = w > 0
     x0 = np.where(keep, x, 0.0)
@@ -146,6 +151,10 @@ def run_columns(
         mean = np.where(wsum > 0, ssum / np.where(wsum > 0, wsum, 1.0), 0.0)
         dev = x0 - np.repeat(mean, lengths)
         cols[al.M2] = np.add.reduceat(np.where(keep, w * dev * dev, 0.0), starts)
+    if al.N in need:
+        cols[al.N] = np.add.reduceat(keep.astype(np.float64), starts)
+    if al.W2 in need:
+        cols[al.W2] = np.add.reduceat(w * w, starts)
     return cols
 
 
@@ -176,8 +185,10 @@ def reduce_record(
             return row, None
         if w is None:
             row[al.W], row[al.S] = len(x), x.sum(dtype=np.float64)
+            row[al.N] = row[al.W2] = len(x)
         else:
             row[al.W], row[al.S] = w.sum(), np.dot(w, x.astype(np.float64, copy=False))
+            row[al.N], row[al.W2] = len(x), np.dot(w, w)
         if al.MAX in need or al.NEGMIN in need:
             row[al.MAX], row[al.NEGMIN] = x.max(), -float(x.min())  # -uint8(3) is 253
         if al.LAST in need:
@@ -211,7 +222,8 @@ def merge_by_slot(
         return slots, cols
     out = al.identity(len(first))
     with np.errstate(all="ignore"):
-        out[_SUM] = np.add.reduceat(cols[_SUM], first, axis=1)
+        sums = _SUM + [c for c in _COUNTS if c in info.need]
+        out[sums] = np.add.reduceat(cols[sums], first, axis=1)
         out[_MAX] = np.maximum.reduceat(cols[_MAX], first, axis=1)
         idx = np.maximum.reduceat(
             np.where(cols[al.T] > -np.inf, np.arange(cols.shape[1]), -1), first

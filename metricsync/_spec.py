@@ -107,17 +107,17 @@ class Spec:
         accuracy: relative accuracy of the quantile sketch; specs without a quantile
             between p0 and p100 ignore it (it reads back as the default 0.01).
         ddof: delta degrees of freedom of ``var`` and ``std``: the second moment
-            is divided by ``W - ddof``, where ``W`` is the sum of weights (the
-            number of samples when unweighted). 0 (population, numpy's default)
-            or 1 (torch's default). Weights act as frequency weights.
+            is divided by ``W - ddof * sum(w**2) / W``, where ``W`` is the sum of
+            weights (``n - ddof`` for ``n`` unweighted samples). 0 (population,
+            numpy's default) or 1 (torch's default). Weights act as reliability
+            weights (numpy's ``cov(aweights=)``): their scale changes nothing.
         quantile_method: ``"linear"`` (numpy's default: linear interpolation
-            between the two order statistics around ``q * (W - 1)``) or
+            between the two order statistics around ``q * (n - 1)``, each
+            sample counting by its weight relative to the mean weight) or
             ``"inverted_cdf"`` (nearest rank: the first sample whose cumulative
             weight reaches ``q * W``). Either is estimated from the sketch
-            within its relative accuracy. ``"linear"`` depends on the scale of the
-            weights (a total weight of 1 or less gives the minimum);
-            ``"inverted_cdf"`` on their proportions only: use it for normalized
-            or fractional weights.
+            within its relative accuracy, depends on the proportions of the
+            weights only, and is numpy's answer for equal weights.
         argrank: also report ``name/max_rank`` and ``name/min_rank``, the rank
             (in the group of the latest ``sync``) that held the largest and
             smallest sample (lowest rank on ties; under ``nan="propagate"`` a

@@ -129,7 +129,9 @@ def _statistic(code: int, cols: np.ndarray, slots: np.ndarray, ddof: np.ndarray)
         return np.where(has, -cols[al.NEGMIN, slots], np.nan)
     if code == _CODE["max"]:
         return np.where(has, cols[al.MAX, slots], np.nan)
-    dof = w - ddof[slots]
+    # reliability weights: W - ddof * W2 / W, which is n - ddof for n unit weights
+    correction = ddof[slots]
+    dof = w - correction * np.where(correction > 0, cols[al.W2, slots], 0.0) / np.where(has, w, 1.0)
     m2 = cols[al.M2, slots]
     var = np.where(m2 < 0, 0.0, m2) / np.where(dof > 0, dof, 1.0)
     var = np.where(has & (dof > 0), var, np.nan)
@@ -149,11 +151,15 @@ def _quantiles(
     for (accuracy, method), slots in by_kind.items():
         qs = sorted({q for s in slots for _, q in plan.quantiles[s]})
         vmin, vmax = -cols[al.NEGMIN, slots], cols[al.MAX, slots]
+        n = cols[al.N, slots] if method == "linear" else None  # the samples, for linear only
         layout = sketch_layout(accuracy)
         if np.isfinite(vmin).all() and np.isfinite(vmax).all() and (vmin <= vmax).all():
-            values = query_sketches(layout, [sketches[s] for s in slots], qs, vmin, vmax, method)
+            held = [sketches[s] for s in slots]
+            values = query_sketches(layout, held, qs, vmin, vmax, method, n)
         else:
-            values = query(layout, np.stack([sketches[s] for s in slots]), qs, vmin, vmax, method)
+            values = query(
+                layout, np.stack([sketches[s] for s in slots]), qs, vmin, vmax, method, n
+            )
         column = {q: j for j, q in enumerate(qs)}
         for row, slot in enumerate(slots):
             for position, q in plan.quantiles[slot]:

@@ -179,8 +179,8 @@ def test_var_and_std_of_small_moments_and_weights_match_numpy(
     x, w = np.array(values), np.array(weights)
     if how == "reduced on arrival":  # repeated past the buffering limit, weights scaled down
         x, w = np.tile(x, 400), np.tile(w, 400) / 400
-    mean = np.average(x, weights=w)
-    var = float(np.sum(w * (x - mean) ** 2) / (w.sum() - ddof))
+    # reliability weights: numpy's covariance with aweights (W - ddof * sum(w^2) / W)
+    var = float(np.cov(x, aweights=w, ddof=ddof))
     m = ms.Metrics({"x": ms.Spec(("var", "std"), ddof=ddof)})
     if how == "a record per sample":
         for xi, wi in zip(x, w):

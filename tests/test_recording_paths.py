@@ -99,11 +99,8 @@ def _oracle(
     if not len(x):
         return {"v/nan_dropped": dropped} if spec.nan == "ignore" and dropped else {}
     mean = float(np.sum(w * x) / np.sum(w))
-    var = (
-        float(np.sum(w * (x - mean) ** 2) / (np.sum(w) - spec.ddof))
-        if np.sum(w) > spec.ddof
-        else math.nan
-    )
+    dof = np.sum(w) - spec.ddof * np.sum(w * w) / np.sum(w)  # reliability weights
+    var = float(np.sum(w * (x - mean) ** 2) / dof) if dof > 0 else math.nan
     values = {
         "mean": mean, "sum": float(np.sum(w * x)), "count": float(np.sum(w)),
         "min": float(x.min()), "max": float(x.max()), "var": var,

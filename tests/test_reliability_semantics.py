@@ -11,7 +11,7 @@
 - Masks hold 0/1 or booleans; anything else raises ``ValueError`` naming the
   metric and ``weight=`` (host records at ``record``, device ones at
   ``compute``), and records nothing.
-- ``ddof`` against numpy (and torch) over frequency weights.
+- ``ddof`` against numpy (and torch) over reliability weights (``np.cov`` aweights).
 - Observing (``compute``, ``state_dict``, ``copy``, ``names``, ``to_bytes``,
   ...) mid-way leaves the final ``compute()`` and ``to_bytes()`` bit for bit
   those of an uninterrupted run, for host and device records.
@@ -294,8 +294,32 @@ def test_quantiles_against_numpy(case: Any, method: str) -> None:
         assert got == {}
         return
     assert got["q/count"] == len(samples)
+    x = np.concatenate(values)
+    w = np.concatenate([np.ones(len(v)) if u is None else u for v, u in zip(values, weights)])
     for p, stat in zip(percents, stats):
-        _check_quantile(got[f"q/{stat}"], p / 100, samples, method, accuracy)
+        if method == "linear" and not np.isin(w, (0.0, 1.0)).all():
+            _check_weighted_linear(got[f"q/{stat}"], p / 100, x, w, accuracy)
+        else:  # repeats for the nearest rank; numpy over the kept samples for 0/1 weights
+            _check_quantile(got[f"q/{stat}"], p / 100, samples, method, accuracy)
+
+
+def _check_weighted_linear(
+    got: float, q: float, x: np.ndarray, w: np.ndarray, accuracy: float
+) -> None:
+    """docs/definitions.md, by brute force: weights relative to their mean ``W / n``,
+    ``x_(j)`` the first sample whose cumulative weight exceeds ``j W / n``, linear between
+    ``x_(floor h)`` and ``x_(floor h + 1)`` at ``h = q (n - 1)`` (integer weights here:
+    the comparisons are exact)."""
+    order = np.argsort(x[w > 0], kind="stable")
+    xs, ws = x[w > 0][order], w[w > 0][order]
+    n, total, cum = len(xs), ws.sum(), np.cumsum(ws)
+    h = q * (n - 1)
+    j = math.floor(h)
+    x0, x1 = (xs[min(int(np.count_nonzero(cum * n <= k * total)), n - 1)] for k in (j, j + 1))
+    f = h - j
+    want = x0 + f * (x1 - x0)
+    bound = accuracy * ((1 - f) * abs(x0) + f * abs(x1))
+    assert abs(got - want) <= bound * (1 + 1e-12) + 1e-300, (q, got, want, bound)
 
 
 def test_quantile_defaults_are_numpys() -> None:
@@ -373,25 +397,29 @@ def test_zero_one_masks_of_any_dtype_are_masks(device: bool) -> None:
     st.sampled_from([0, 1, 2]),
 )
 @SETTINGS
-def test_ddof_against_numpy_with_frequency_weights(
+def test_ddof_against_numpy_with_reliability_weights(
     parts: list[list[float]], data: Any, ddof: int
 ) -> None:
+    """``ddof`` divides by ``W - ddof * sum(w^2) / W``: numpy's ``cov`` with ``aweights``
+    (before: ``W - ddof``, frequency weights, which depend on the weights' scale)."""
     spec = ms.Spec(("var", "std", "count"), ddof=ddof)
-    metrics, samples = [], []
+    metrics, samples, weights = [], [], []
     for x in parts:
         w = data.draw(st.lists(st.integers(0, 3), min_size=len(x), max_size=len(x)))
         m = ms.Metrics({"x": spec})
         m.record("x", x, weight=[float(v) for v in w])
         metrics.append(m)
-        samples += [v for v, k in zip(x, w) for _ in range(k)]  # frequency weights: repeats
+        samples += [v for v, k in zip(x, w) if k]
+        weights += [float(k) for k in w if k]
     got = ms.merge(metrics).compute()
     if not samples:
         assert got == {}
         return
-    if len(samples) - ddof <= 0:  # numpy warns and answers inf or NaN; metricsync: NaN
+    a = np.array(weights)
+    if a.sum() - ddof * (a * a).sum() / a.sum() <= 0:  # numpy warns, inf or NaN; here NaN
         assert math.isnan(got["x/var"]) and math.isnan(got["x/std"])
         return
-    want = np.var(np.array(samples), ddof=ddof)
+    want = np.cov(np.array(samples), aweights=a, ddof=ddof)
     assert got["x/var"] == pytest.approx(want, rel=1e-9, abs=1e-9)
     assert got["x/std"] == pytest.approx(math.sqrt(want), rel=1e-9, abs=1e-9)
 
@@ -663,9 +691,10 @@ def test_no_numpy_warning_escapes_from_sketch_counts_beyond_float64() -> None:
 
 
 def test_weighted_quantiles_follow_the_documented_weight_semantics() -> None:
-    """docs/definitions.md: weights are frequency weights. The nearest rank depends on
-    the weights' proportions only (numpy's weighted inverted CDF); linear interpolation
-    on their scale, and a total weight of 1 or less puts every quantile at the minimum."""
+    """docs/definitions.md: weights count by their proportions. The nearest rank is
+    numpy's weighted inverted CDF; linear interpolation reads each weight relative to the
+    mean weight (before: on their scale, a total weight of 1 or less put every quantile
+    at the minimum, issue 42)."""
     x = np.arange(1.0, 11.0)
     w = np.array([3.0, 1.0, 2.0, 5.0, 1.0, 1.0, 4.0, 2.0, 1.0, 3.0])
     qs = ("p10", "p50", "p90")
@@ -675,10 +704,10 @@ def test_weighted_quantiles_follow_the_documented_weight_semantics() -> None:
         m.record("x", x, weight=w * scale)
         got = [m.compute()[f"x/{q}"] for q in qs]
         assert got == pytest.approx(want, rel=0.01), scale
-    m = ms.Metrics({"x": ms.Spec(qs)})
-    m.record("x", x, weight=w / w.sum())  # a total weight of 1
-    assert list(m.compute().values()) == [1.0, 1.0, 1.0]
-    m = ms.Metrics({"x": ms.Spec(qs)})
-    m.record("x", x, weight=w)  # whole numbers: each sample repeated w times
-    want = np.quantile(np.repeat(x, w.astype(int)), [0.1, 0.5, 0.9])
-    assert list(m.compute().values()) == pytest.approx(want, rel=0.01)
+    # weights / their mean 2.3: cumulative 1.30, 1.74, 2.61, 4.78, 5.22, ..., 8.26, 8.70, 10;
+    # positions h = q * 9: p10 at 0.9 (x_(0) = x_(1) = 1), p50 at 4.5 (from 4 to 5),
+    # p90 at 8.1 (from 8 to 10)
+    for scale in (1e-3, 1.0 / w.sum(), 1.0, 1e3):  # a total weight of 1 among them
+        m = ms.Metrics({"x": ms.Spec(qs)})
+        m.record("x", x, weight=w * scale)
+        assert list(m.compute().values()) == pytest.approx([1.0, 4.5, 8.2], rel=0.01), scale

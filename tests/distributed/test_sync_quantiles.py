@@ -145,3 +145,57 @@ def test_nans_among_many_quantile_metrics_leave_every_synced_histogram_whole() -
         parts.append(part)
     want = {k: (h.counts.tolist(), h.total) for k, h in ms.merge(parts).histograms().items()}
     assert len(want) == 12 and got[0] == got[1] == want
+
+
+INF_SPECS = {
+    "lin": ms.Spec(("p0", "p10", "p50", "p90", "p100", "var"), ddof=1),
+    "inv": ms.Spec(("p10", "p50", "p90"), quantile_method="inverted_cdf"),
+}
+#: each rank's samples and weights: +-inf on either rank, weights on different scales
+INF_HELD = (
+    ([-math.inf, 1.0, 2.0], [0.5, 0.5, 0.5]),
+    ([3.0, math.inf, math.inf], [0.5, 0.5, 0.5]),
+)
+
+
+def _inf_parts(scale: float) -> list[ms.Metrics]:
+    parts = []
+    for x, w in INF_HELD:
+        m = ms.Metrics(INF_SPECS)
+        for name in INF_SPECS:
+            m.record(name, np.array(x), weight=np.array(w) * scale)
+        parts.append(m)
+    return parts
+
+
+def _inf_rank(rank: int, world: int) -> list[dict[str, float]]:
+    return [_inf_parts(scale)[rank].sync(timeout=60).compute() for scale in INF_SCALES]
+
+
+INF_SCALES = (1e-6, 1e6)
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
+    )
+
+
+def test_infinities_and_weight_scales_sync_as_they_merge() -> None:
+    """Samples [-inf, 1, 2 | 3, inf, inf] on two ranks, weights 0.5 times 1e-6 or 1e6:
+    the synced quantiles are the limits of the definition (linear p10 -inf, p90 +inf),
+    the same as a merge, and as with unit weights (issue 42: before, p90 was NaN and the
+    linear quantiles and ``ddof=1`` depended on the scale)."""
+    got = run_distributed(_inf_rank, 2, timeout=120)
+    unit = ms.merge(_inf_parts(1.0 / 0.5)).compute()
+    for i, scale in enumerate(INF_SCALES):
+        merged = ms.merge(_inf_parts(scale)).compute()
+        assert _same(got[0][i], merged) and _same(got[1][i], merged), scale
+        assert merged == pytest.approx(unit, rel=1e-12, nan_ok=True), scale
+    # six samples: h = 0.5, 2.5, 4.5 between -inf, 1, 2, 3, inf, inf
+    assert unit["lin/p0"] == -math.inf and unit["lin/p100"] == math.inf
+    assert unit["lin/p10"] == -math.inf and unit["lin/p90"] == math.inf
+    assert unit["lin/p50"] == pytest.approx(2.5, rel=0.01)
+    assert math.isnan(unit["lin/var"])  # inf - inf in the mean
+    assert [unit[f"inv/{s}"] for s in ("p10", "p90")] == [-math.inf, math.inf]
+    assert unit["inv/p50"] == pytest.approx(2.0, rel=0.01)

@@ -276,7 +276,7 @@ def _expected_to_decode(header: dict[str, Any], body: bytes, offset: int, value:
     n = len(header["slots"])
     if offset < n * state.NCOL:
         column = offset % state.NCOL
-        if column == state.W:
+        if column in (state.W, state.N, state.W2):  # weight sums, sample counts
             return value >= 0
         if column == state.DROP:
             return value >= 0 and math.isfinite(value)
