@@ -271,15 +271,16 @@ def _odd_state_blob() -> bytes:
 
 
 def _expected_to_decode(header: dict[str, Any], body: bytes, offset: int, value: float) -> bool:
-    """The documented policy: counts must be >= 0 (agg rank counts whole), stamps not NaN,
-    a sketch's window whole numbers within its cells (its count the cells sent)."""
+    """The documented policy: weight sums >= 0, sample, dropped and agg rank counts whole
+    numbers from 0 to 2**53, stamps not NaN, a sketch's window whole numbers within its
+    cells (its count the cells sent)."""
     n = len(header["slots"])
     if offset < n * state.NCOL:
         column = offset % state.NCOL
-        if column in (state.W, state.N, state.W2):  # weight sums, sample counts
+        if column in (state.W, state.W2):  # weight sums
             return value >= 0
-        if column == state.DROP:
-            return value >= 0 and math.isfinite(value)
+        if column in (state.N, state.DROP):  # sample counts
+            return 0 <= value <= 2**53 and value == math.floor(value)
         if column == state.T:
             return not math.isnan(value)
         return True
@@ -298,7 +299,7 @@ def _expected_to_decode(header: dict[str, Any], body: bytes, offset: int, value:
             return value >= 0
         offset -= int(count)
     column = offset % 4  # across aggregates: sum of rank values, ranks, max, -min
-    return column != 1 or (math.isfinite(value) and value >= 0 and value == math.floor(value))
+    return column != 1 or (0 <= value <= 2**53 and value == math.floor(value))
 
 
 @SETTINGS
