@@ -280,7 +280,8 @@ class Reduced:
         holder = a[ntop + 2 * nagg : ntop + 3 * nagg]
         means = a[ntop + 3 * nagg :]
         sums = slice(span[al.W].start, span[al.S].stop)
-        parts = [data[sums], data[span[al.DROP]]]
+        counts = slice(span[al.DROP].start, span[al.W2].stop)  # DROP, N, W2: merged by sum
+        parts = [data[sums], data[counts]]
         # last: the ranks at the latest time send their value, the others -0.0
         t0 = self.tops.start
         last_c = None
@@ -328,7 +329,7 @@ class Reduced:
             return b[at - n : at]
 
         out[sums] = take(sums.stop - sums.start)
-        out[span[al.DROP]] = take(span[al.DROP].stop - span[al.DROP].start)
+        out[counts] = take(counts.stop - counts.start)
         ties: list[tuple[int, np.ndarray, np.ndarray]] = []  # (column, tied, candidate keys)
         if last_c is not None:
             n = len(last_c)

@@ -61,3 +61,12 @@ def test_the_rule_and_the_forcing_switch(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(ENV, "fast")
     with pytest.raises(ValueError, match=ENV):
         choose(2, small, {})
+
+
+def test_the_sum_round_carries_every_column_the_algebra_sums() -> None:
+    # the sum round sends two ranges of columns, W..S and DROP..W2 (a column added to the
+    # algebra with a SUM rule must join one of them)
+    from metricsync import _algebra as al
+
+    summed = {i for i, column in enumerate(al.COLUMNS) if column.op is al.Op.SUM}
+    assert summed == {*range(al.W, al.S + 1), *range(al.DROP, al.W2 + 1)}
