@@ -133,3 +133,12 @@ def test_the_built_wheel_and_sdist_install_in_a_clean_venv(tmp_path: Path) -> No
             [str(venv / "bin" / "metricsync"), "--version"], capture_output=True, text=True
         )
         assert cli.returncode == 0 and metricsync.__version__ in cli.stdout + cli.stderr
+
+
+def test_an_editable_install_is_a_path_that_type_checkers_follow() -> None:
+    # setuptools' import-hook finder hides the package (and its py.typed) from mypy
+    files = [str(f) for f in importlib.metadata.distribution("metricsync").files or []]
+    if not any("__editable__" in f for f in files):
+        pytest.skip("metricsync is not installed in editable mode here")
+    assert not [f for f in files if f.endswith("_finder.py")]
+    assert [f for f in files if f.endswith(".pth")]
