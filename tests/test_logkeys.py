@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from metricsync._logfile import parse_record
@@ -73,6 +73,8 @@ _ESCAPY = st.text(alphabet=st.sampled_from(["\\", "u", "d", "8", "0", "a", "\ud8
 
 
 @given(_ESCAPY, _ESCAPY)
+@example("a\ud800", "a\\ud800")
+@example("\\\ud800", "\\\\ud800")
 def test_distinct_keys_are_written_under_distinct_names(a: str, b: str) -> None:
     # before: "a\ud800" (a surrogate) and "a\\ud800" (its escaped text) both became the latter
     if a != b:
