@@ -251,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run_command
-    caught: list[Any] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = _warning_printer()
             code = run(args)
         sys.stdout.flush()
     except BrokenPipeError:  # `metricsync show ... | head`
@@ -262,18 +262,23 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except (OSError, ValueError, ImportError, ArithmeticError, RecursionError, MemoryError) as exc:
-        _print_warnings(caught)
         print(f"{PROG}: error: {_describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    _print_warnings(caught)
     return code
 
 
-def _print_warnings(caught: list[Any]) -> None:
-    """One ``metricsync: warning: ...`` line per distinct message."""
-    lines = (f"{PROG}: warning: {' '.join(str(w.message).split())}" for w in caught)
-    for line in dict.fromkeys(lines):
-        print(line, file=sys.stderr)
+def _warning_printer() -> Callable[..., None]:
+    """A ``warnings.showwarning`` printing each distinct message once, as it is raised,
+    as a ``metricsync: warning: ...`` line (so ``show --follow`` shows them as they come)."""
+    printed: set[str] = set()
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        line = f"{PROG}: warning: {' '.join(str(message).split())}"
+        if line not in printed:
+            printed.add(line)
+            print(line, file=sys.stderr, flush=True)
+
+    return show

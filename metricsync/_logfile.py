@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from ._formatting import check_fmt
-from ._logkeys import MAX_KEY_CHARS, clean_key, describe_change, needs_cleaning
+from ._logkeys import MAX_KEY_CHARS, clean_key, describe_change, needs_cleaning, read_key
 
 __all__ = [
     "FORMAT_VERSION",
@@ -182,9 +182,10 @@ def parse_record(line: bytes) -> Record:
     Raises :class:`TornLine` when the line is not complete JSON, and
     ``ValueError`` for any other problem (nesting too deep, a number beyond a
     float64, a bad format spec, an unknown layout), never another exception.
-    Keys are read as :func:`~metricsync._logkeys.clean_key` makes them (a lone
-    surrogate escaped, a key over 1024 characters shortened), each change
-    noted in the record's ``renamed``.
+    Keys are read as :func:`~metricsync._logkeys.read_key` makes them (a lone
+    surrogate escaped, a key over 1024 characters shortened; a name another
+    key of the record holds cleaned again, so no value is dropped), each
+    change noted in the record's ``renamed``.
 
     >>> parse_record(b'{"metricsync": 1, "formats": {"lr": ".2e"}, "complete": true}')
     Record(formats={'lr': '.2e'}, complete=True)
@@ -236,19 +237,39 @@ def parse_record(line: bytes) -> Record:
 
 
 def _cleaned(record: Record, suspect: bool) -> Record:
-    """``record`` with its keys cleaned (see :mod:`metricsync._logkeys`), changes noted."""
+    """``record`` with its keys read by :func:`~metricsync._logkeys.read_key`, changes noted.
+
+    A cleaned name that another key of the record holds already (a lone
+    surrogate key beside its escaped text) is cleaned again until it is free,
+    so both values are kept, and the note says so.
+    """
     if not suspect:
         return record
     keys = record.formats if record.step is None else record.values
     if not needs_cleaning(keys):
         return record
+    names = {key: read_key(key) for key in keys}
+    if all(name == key for key, name in names.items()):
+        return record
+    taken = {key for key, name in names.items() if name == key}
     notes = []
-    cleaned: dict[str, Any] = {}
-    for key, item in keys.items():
-        new = clean_key(key)
-        if new != key:
-            notes.append(describe_change(key, new))
-        cleaned[new] = item
+    for key, name in names.items():
+        if name == key:
+            continue
+        clash = name if name in taken else None
+        for _ in range(len(keys) + 1):
+            if name not in taken:
+                break
+            name = clean_key(name)
+        else:
+            raise ValueError(f"keys {key!r:.80} and {clash!r:.80} clean to one name")
+        taken.add(name)
+        names[key] = name
+        note = describe_change(key, name)
+        if clash is not None:
+            note += f", as the log holds both this key and {clash!r:.80}"
+        notes.append(note)
+    cleaned: dict[str, Any] = {names[key]: item for key, item in keys.items()}
     if record.step is None:
         record.formats = cleaned
     else:

@@ -6,7 +6,11 @@ Each :meth:`LogFollower.poll` returns the records completed since the last one:
 - the file moved away or deleted and a new one started at the same path (a
   log rotation, a new run): the rest of the old file, then the new file from
   its start;
-- the file truncated in place: the file again from its start;
+- the file truncated in place, or rewritten (truncated and grown again
+  between two polls: its first bytes, or the byte before the followed
+  offset, are not what they were): the file again from its start;
+- a line that is not a valid record (what a writer that rewrote the file
+  leaves at the followed offset): skipped, with a note; never an error;
 - no file at the path: nothing, until one appears.
 
 Each of these events is reported once, as a note for the caller to print.
@@ -40,6 +44,8 @@ __all__ = ["LogFollower"]
 
 Identity = tuple[int, int]  # (st_dev, st_ino): which file a path names
 
+_HEAD_BYTES = 256
+
 
 def _identity(stat: os.stat_result) -> Identity:
     return stat.st_dev, stat.st_ino
@@ -68,6 +74,8 @@ class LogFollower:
         self._end = start
         self._gone = False
         self._noted: set[str] = set()
+        self._head = b""  # the first bytes of the file up to ``_end``, to tell a rewrite
+        self._before = b""  # the byte before ``_end``
         try:
             self._file = path.open("rb")
         except FileNotFoundError:
@@ -75,6 +83,25 @@ class LogFollower:
             return
         if identity is not None and _identity(os.fstat(self._file.fileno())) != identity:
             self._end = 0  # replaced since ``start`` was read
+        self._remember()
+
+    def _remember(self) -> None:
+        """Note the bytes that must stay put while the file only grows."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        self._head = os.pread(fd, min(self._end, _HEAD_BYTES), 0)
+        self._before = os.pread(fd, 1, self._end - 1) if self._end else b""
+
+    def _rewritten(self) -> bool:
+        """Whether the bytes before ``_end`` changed: the file was rewritten in place."""
+        assert self._file is not None
+        if not self._end:
+            return False
+        fd = self._file.fileno()
+        return (
+            os.pread(fd, len(self._head), 0) != self._head
+            or os.pread(fd, 1, self._end - 1) != self._before
+        )
 
     def close(self) -> None:
         """Close the file being followed."""
@@ -87,6 +114,12 @@ class LogFollower:
         records: list[Record] = []
         notes: list[str] = []
         if self._file is not None:
+            if os.fstat(self._file.fileno()).st_size < self._end:
+                notes.append(f"{self.path}: truncated; following it from its start")
+                self._end = 0
+            elif self._rewritten():
+                notes.append(f"{self.path}: rewritten in place; following it from its start")
+                self._end = 0
             records += self._read(notes)
         try:
             named = os.stat(self.path)
@@ -97,6 +130,8 @@ class LogFollower:
             return records, notes
         self._gone = False
         if self._file is None or _identity(named) != _identity(os.fstat(self._file.fileno())):
+            if self._file is not None:  # what the old file gained since the read above
+                records += self._read(notes)
             try:
                 notes.append(f"{self.path}: {self._switch()}")
             except FileNotFoundError:  # gone again between the two calls
@@ -120,6 +155,7 @@ class LogFollower:
         if self._file is not None:
             self._file.close()
         self._file, self._end = new, 0
+        self._head = self._before = b""
         return what
 
     def _read(self, notes: list[str]) -> list[Record]:
@@ -136,12 +172,14 @@ class LogFollower:
             try:
                 record = parse_record(line)
             except ValueError as exc:
-                raise ValueError(
-                    f"{self.path}: the line at byte {offset} is not a valid record: {exc}"
-                ) from None
+                notes.append(
+                    f"{self.path}: skipping the line at byte {offset}, not a valid record: {exc}"
+                )
+                continue
             for note in record.renamed:
                 if note not in self._noted:
                     self._noted.add(note)
                     notes.append(f"{self.path}: {note}")
             records.append(record)
+        self._remember()
         return records

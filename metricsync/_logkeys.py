@@ -1,39 +1,46 @@
 """Metric keys as logs hold them: valid UTF-8 and at most :data:`MAX_KEY_CHARS` characters.
 
-The same rule applies where keys are written (``Tracker.log``, for every
-backend) and where logs are read (``show``, ``plot``, ``compare``), so a log
-the Tracker wrote reads back with the keys it was given, and a log written by
-anything else (verl, an older metricsync) reads with the keys the Tracker
-would have written:
+Where keys are written (``Tracker.log``, for every backend) each key goes
+through :func:`clean_key`, which gives distinct keys distinct names:
 
-- a lone surrogate (``"\\ud800"``, which no UTF-8 file, terminal or font can
-  hold) is written as its escape: the six characters ``\\ud800``;
-- a key longer than :data:`MAX_KEY_CHARS` keeps its first characters and
-  ends in ``_`` and 8 hex digits of a hash of the whole key (so two long keys
-  that share their start stay apart), :data:`MAX_KEY_CHARS` characters in all.
+- a key holding a lone surrogate (``"\\ud800"``, which no UTF-8 file,
+  terminal or font can hold) is escaped: each surrogate becomes its six
+  characters ``\\ud800`` and each backslash becomes two (``\\\\``);
+- a key holding that text already (a backslash, ``ud``, then ``8``-``f``
+  and two lowercase hex digits) is escaped the same way, its backslashes
+  doubled, so it never takes the name of a surrogate key;
+- a key longer than :data:`MAX_KEY_CHARS` (after escaping) keeps its first
+  characters and ends in ``_`` and 8 hex digits of a hash of the whole key
+  (so two long keys that share their start stay apart, up to a 32-bit
+  hash), :data:`MAX_KEY_CHARS` characters in all.
 
-Every other key is kept as it is; cleaning a clean key changes nothing.
+Every other key is kept as it is. Where logs are read (``show``, ``plot``,
+``compare``), :func:`read_key` keeps every key a log can hold as it is (so a
+log the Tracker wrote reads back with the names it wrote) and cleans the
+others (a log written by verl or an older metricsync) with :func:`clean_key`.
 
->>> clean_key("loss"), clean_key("a\\ud800")
-('loss', 'a\\\\ud800')
+>>> clean_key("loss"), clean_key("a\\ud800"), clean_key("a\\\\ud800")
+('loss', 'a\\\\ud800', 'a\\\\\\\\ud800')
 >>> long = clean_key("k" * 5_000_000)
 >>> len(long), long[-9:]
 (1024, '_1bc3706a')
->>> clean_key(long) == long
-True
+>>> read_key(long) == long, read_key("a\\\\ud800")
+(True, 'a\\\\ud800')
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Collection
 
-__all__ = ["MAX_KEY_CHARS", "clean_key", "describe_change", "needs_cleaning"]
+__all__ = ["MAX_KEY_CHARS", "clean_key", "describe_change", "needs_cleaning", "read_key"]
 
 MAX_KEY_CHARS = 1024
 """The longest metric key written or read; longer ones are shortened (see above)."""
 
 _TAG = 9  # "_" and 8 hex digits
+_ESCAPE_TEXT = re.compile(r"\\ud[89a-f][0-9a-f]{2}")  # what an escaped surrogate looks like
 
 
 def _valid_utf8(key: str) -> bool:
@@ -51,23 +58,45 @@ def needs_cleaning(keys: Collection[str]) -> bool:
 
     >>> needs_cleaning(["loss", "lr"]), needs_cleaning(["x" * 2000]), needs_cleaning(["\\ud800"])
     (False, True, True)
+    >>> needs_cleaning(["a\\\\ud800"]), needs_cleaning(["a\\\\b"])
+    (True, False)
     """
     if not keys:
         return False
     if max(map(len, keys)) > MAX_KEY_CHARS:
         return True
+    if "\\u" in "\n".join(keys) and any(map(_ESCAPE_TEXT.search, keys)):
+        return True
     return not all(map(str.isascii, keys)) and not all(map(_valid_utf8, keys))
 
 
-def clean_key(key: str) -> str:
-    """``key`` as logs hold it: lone surrogates escaped, cut to :data:`MAX_KEY_CHARS` characters."""
-    if len(key) <= MAX_KEY_CHARS and _valid_utf8(key):
-        return key
-    text = key.encode("utf-8", "backslashreplace").decode("utf-8")
+def _shorten(key: str, text: str) -> str:
     if len(text) <= MAX_KEY_CHARS:
         return text
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
     return text[: MAX_KEY_CHARS - _TAG] + "_" + digest
+
+
+def clean_key(key: str) -> str:
+    """``key`` as it is written: surrogates and look-alikes escaped, at most :data:`MAX_KEY_CHARS`.
+
+    Distinct keys get distinct names (up to a 32-bit hash for keys over
+    :data:`MAX_KEY_CHARS` characters).
+    """
+    valid = _valid_utf8(key)
+    if valid and not (("\\u" in key) and _ESCAPE_TEXT.search(key)):
+        return _shorten(key, key)
+    text = key.replace("\\", "\\\\")
+    if not valid:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _shorten(key, text)
+
+
+def read_key(key: str) -> str:
+    """``key`` as read from a log: kept when a log can hold it, else :func:`clean_key`'s name."""
+    if len(key) <= MAX_KEY_CHARS and _valid_utf8(key):
+        return key
+    return clean_key(key)
 
 
 def _shown(key: str) -> str:
@@ -80,11 +109,18 @@ def describe_change(key: str, cleaned: str) -> str:
 
     >>> describe_change("a\\ud800", clean_key("a\\ud800"))
     "the key 'a\\\\ud800' holds a lone surrogate (not UTF-8); it is logged as 'a\\\\\\\\ud800'"
+    >>> describe_change("a\\\\ud800", clean_key("a\\\\ud800"))
+    "the key 'a\\\\\\\\ud800' looks like an escaped surrogate; it is logged with its backslashes doubled, as 'a\\\\\\\\\\\\\\\\ud800'"
     """
     if len(key) > MAX_KEY_CHARS:
         return (
             f"a key of {len(key):,} characters (more than {MAX_KEY_CHARS:,}) is shortened "
             f"to {_shown(cleaned)}"
+        )
+    if _valid_utf8(key):
+        return (
+            f"the key {_shown(key)} looks like an escaped surrogate; it is logged with its "
+            f"backslashes doubled, as {_shown(cleaned)}"
         )
     return (
         f"the key {_shown(key)} holds a lone surrogate (not UTF-8); it is logged as "

@@ -128,6 +128,9 @@ def _title_text(text: str) -> str:
     return text[:head] + "\u2026" + text[len(text) - (TITLE_CHARS - head - 1) :]
 
 
+_LOG_TINIEST = math.log10(5e-324)  # the smallest positive float64 (subnormal)
+
+
 def _set_log_scale(ax: Any, values: np.ndarray) -> None:
     """A log y axis; near the ends of float64 its limits and ticks are set here, as
     matplotlib's own (5% margins, ticks a stride beyond the data) would pass 1e308."""
@@ -137,13 +140,27 @@ def _set_log_scale(ax: Any, values: np.ndarray) -> None:
     if low - pad >= -300 and high + pad <= 300:
         ax.set_yscale("log")
         return
-    ax.set_ylim(10 ** max(low - pad, -320.0), 10 ** min(high + pad, 307.0))  # no autoscaling
+    bottom = max(low - pad, _LOG_TINIEST)
+    top = max(min(high + pad, 307.0), bottom + 1.0)  # a decade at least, never inverted
+    limits = max(10**bottom, 5e-324), 10**top
+    ax.set_ylim(*limits)  # no autoscaling (which would pass 1e308)
     ax.set_yscale("log")
-    first, last = math.ceil(low), math.floor(high)
+    ax.set_ylim(*limits)  # again: a linear axis took limits below 1e-287 as (-0.05, 0.05)
+    first, last = math.ceil(bottom), math.floor(top)
     stride = max(1, math.ceil((last - first) / 5))
     ticks = 10.0 ** np.arange(first, last + 1, stride, dtype=np.float64)
     ax.yaxis.set_major_locator(mpl.ticker.FixedLocator(ticks))
     ax.yaxis.set_minor_locator(mpl.ticker.NullLocator())
+    ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(_decade_label))  # subnormals too
+
+
+def _decade_label(value: float, _: object = None) -> str:
+    """The label of the tick at the decade ``value``.
+
+    >>> _decade_label(1e-323), _decade_label(1e300)
+    ('$10^{-323}$', '$10^{300}$')
+    """
+    return f"$10^{{{round(math.log10(value))}}}$"
 
 
 def _draw_panel(

@@ -535,3 +535,63 @@ def test_trackio_local_run_read_back(tmp_path: Path) -> None:
         "seed": 7,
     }
     assert not (tmp_path / "unused").exists()  # the data live in Trackio's own directory
+
+
+def test_tensorboard_float32_default_reads_back_as_documented(tmp_path: Path) -> None:
+    # docs/backends.md and the backend's docstring: float32 by default, exact with
+    # double_precision=True; this pins the numbers they quote.
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    from tensorboard.util import tensor_util
+
+    logged = {"tiny": 1e-50, "big": 123456789.0, "small": 1e-6, "huge": -1e39, "edge": 7e-46}
+    with Tracker(("tensorboard",), run_dir=tmp_path / "f32") as tracker:
+        tracker.log(logged, 1)
+    with Tracker(("tensorboard",), run_dir=tmp_path / "f64", double_precision=True) as tracker:
+        tracker.log(logged, 1)
+    f32 = event_accumulator.EventAccumulator(str(tmp_path / "f32"))
+    f32.Reload()
+    got = {key: f32.Scalars(key)[0].value for key in logged}
+    with np.errstate(over="ignore"):
+        assert got == {key: float(np.float32(v)) for key, v in logged.items()}  # the oracle
+    assert got["tiny"] == 0.0 and got["big"] == 123456792.0 and got["huge"] == -math.inf
+    assert got["small"] == float(np.float32(9.99999997e-07)) and got["edge"] == 0.0
+    f64 = event_accumulator.EventAccumulator(str(tmp_path / "f64"))
+    f64.Reload()
+    exact = {
+        key: float(tensor_util.make_ndarray(f64.Tensors(key)[0].tensor_proto)) for key in logged
+    }
+    assert exact == logged
+
+
+def test_tensorboard_run_resumed_from_float64_tensors_is_split_for_event_accumulator(
+    tmp_path: Path,
+) -> None:
+    # docs/backends.md, "Resuming a run across the two": one curve in TensorBoard's
+    # dashboard, Tensors + Scalars for EventAccumulator
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+    from tensorboard.util import tensor_util
+
+    with Tracker(("tensorboard",), run_dir=tmp_path, double_precision=True) as tracker:
+        tracker.log({"loss": 123456789.0}, 1)
+        tracker.log({"loss": 0.5}, 2)
+    with Tracker(("tensorboard",), run_dir=tmp_path) as tracker:  # resumed, default float32
+        tracker.log({"loss": 123456789.0}, 3)
+        tracker.log({"loss": 0.25}, 4)
+    scripts = event_accumulator.EventAccumulator(str(tmp_path))
+    scripts.Reload()
+    tensors = [
+        (e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in scripts.Tensors("loss")
+    ]
+    assert tensors == [(1, 123456789.0), (2, 0.5)]
+    assert [(e.step, e.value) for e in scripts.Scalars("loss")] == [(3, 123456792.0), (4, 0.25)]
+    dashboard = plugin_event_accumulator.EventAccumulator(str(tmp_path))
+    dashboard.Reload()
+    curve = [
+        (e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in dashboard.Tensors("loss")
+    ]
+    assert curve == [(1, 123456789.0), (2, 0.5), (3, 123456792.0), (4, 0.25)]

@@ -428,3 +428,33 @@ def test_keys_logged_again_at_one_step_are_not_called_a_resume(tmp_path: Path) -
     [warning] = result.stderr.splitlines()
     # before: "... logged again for an earlier or equal step (a resumed run?) ..."
     assert "logged again at a step that had those keys" in warning and "resumed" not in warning
+
+
+def test_follow_prints_a_warning_while_it_runs(tmp_path: Path) -> None:
+    import select
+    import signal
+
+    path = tmp_path / "m.jsonl"
+    lines = [f'{{"step": {s}, "data": {{"acc\\ud800": {s}.5}}}}' for s in (1, 2)]
+    path.write_text("\n".join(lines) + "\n", encoding="ascii")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "metricsync", "show", str(path), "-f", "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stderr is not None
+        ready, _, _ = select.select([child.stderr], [], [], 60)
+        # before: nothing on stderr until the command ended (the warning held back)
+        assert ready and child.poll() is None
+        line = child.stderr.readline()
+        assert line.startswith("metricsync: warning: ") and "lone surrogate" in line
+        assert child.stdout is not None
+        assert [child.stdout.readline().split()[0] for _ in range(4)][2:] == ["1", "2"]
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, rest = child.communicate(timeout=30)
+    assert child.returncode == 0
+    assert "lone surrogate" not in rest  # each distinct warning once

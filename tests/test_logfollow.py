@@ -126,3 +126,69 @@ def test_show_follow_shows_the_new_run_after_a_rotation(tmp_path: Path) -> None:
     new_file = f"metricsync: warning: {path}: a new file; following it from its start"
     gone = f"metricsync: warning: {path}: no such file any more; waiting for a new one"
     assert new_file in stderr.splitlines() and set(stderr.splitlines()) <= {gone, new_file}
+
+
+def test_a_log_truncated_and_grown_again_between_polls_is_read_from_its_start(
+    tmp_path: Path,
+) -> None:
+    # copytruncate, or a writer reopening with "w": shorter, then longer than the followed
+    # offset again before the next poll
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n{"step": 2, "data": {"a": 2}}\n')
+    follower = LogFollower(path, path.stat().st_size)
+    assert follower.poll() == ([], [])
+    path.write_text("".join(f'{{"step": {s}, "data": {{"loss": {s}0}}}}\n' for s in (1, 2, 3)))
+    records, notes = follower.poll()
+    # before: ValueError "the line at byte 60 is not a valid record", show --follow exit 1
+    assert _steps(records) == [(1, {"loss": 10.0}), (2, {"loss": 20.0}), (3, {"loss": 30.0})]
+    assert len(notes) == 1 and "rewritten" in notes[0]
+    follower.close()
+
+
+def test_a_log_rewritten_with_the_same_size_is_read_from_its_start(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n')
+    follower = LogFollower(path, path.stat().st_size)
+    path.write_text('{"step": 7, "data": {"b": 1}}\n{"step": 8, "data": {"b": 2}}\n')
+    records, _ = follower.poll()
+    # before: step 8 alone, step 7 of the new content never shown
+    assert _steps(records) == [(7, {"b": 1.0}), (8, {"b": 2.0})]
+    follower.close()
+
+
+def test_a_line_that_is_no_record_is_skipped_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n')
+    follower = LogFollower(path, path.stat().st_size)
+    with path.open("a") as f:
+        f.write('{"a": 1}\n{"step": 2, "data": {"a": 2}}\n')
+    records, notes = follower.poll()
+    # before: ValueError, following stopped
+    assert _steps(records) == [(2, {"a": 2.0})]
+    assert len(notes) == 1 and "byte 30" in notes[0] and "not a valid record" in notes[0]
+    follower.close()
+
+
+def test_what_the_old_file_gains_just_before_a_rotation_is_read(tmp_path: Path) -> None:
+    # The writer appends a step to the old file and rotates between the follower's read
+    # of the open file and its look at the path.
+    path = tmp_path / "n.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n')
+    follower = LogFollower(path, path.stat().st_size)
+    original = follower._read
+
+    def racy(notes: list[str]) -> list:
+        follower._read = original  # type: ignore[method-assign]
+        got = original(notes)
+        with path.open("a") as f:
+            f.write('{"step": 2, "data": {"a": 2}}\n')
+        path.rename(tmp_path / "n.old")
+        path.write_text('{"step": 3, "data": {"a": 3}}\n')
+        return got
+
+    follower._read = racy  # type: ignore[method-assign]
+    records, notes = follower.poll()
+    # before: [3], step 2 lost and "skipping the torn last line of the old one"
+    assert [r.step for r in records] == [2, 3]
+    assert not any("torn" in note for note in notes)
+    follower.close()

@@ -16,10 +16,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from metricsync._logkeys import MAX_KEY_CHARS, clean_key
+from metricsync._logfile import parse_record
+from metricsync._logkeys import MAX_KEY_CHARS, clean_key, read_key
 from metricsync._logread import read_jsonl
 from metricsync._logtail import tail
 from metricsync._tracker import Tracker
@@ -57,7 +58,7 @@ def test_cleaned_keys_are_utf8_bounded_and_stable(text: str, extra: int) -> None
     cleaned = clean_key(key)
     cleaned.encode("utf-8")  # no lone surrogate left
     assert len(cleaned) <= MAX_KEY_CHARS
-    assert clean_key(cleaned) == cleaned  # readers clean what the writer cleaned: no change
+    assert read_key(cleaned) == cleaned  # readers keep what the writer cleaned: no change
     if len(key) <= MAX_KEY_CHARS and "\\" not in key:
         try:
             key.encode("utf-8")
@@ -65,6 +66,50 @@ def test_cleaned_keys_are_utf8_bounded_and_stable(text: str, extra: int) -> None
             assert cleaned != key
         else:
             assert cleaned == key  # a key any log holds is kept as it is
+
+
+# Keys built from the characters that make an escaped surrogate, and surrogates themselves.
+_ESCAPY = st.text(alphabet=st.sampled_from(["\\", "u", "d", "8", "0", "a", "\ud800"]), max_size=12)
+
+
+@given(_ESCAPY, _ESCAPY)
+@example("a\ud800", "a\\ud800")
+@example("\\\ud800", "\\\\ud800")
+def test_distinct_keys_are_written_under_distinct_names(a: str, b: str) -> None:
+    # before: "a\ud800" (a surrogate) and "a\\ud800" (its escaped text) both became the latter
+    if a != b:
+        assert clean_key(a) != clean_key(b)
+
+
+def test_a_surrogate_key_and_its_escaped_text_logged_in_two_steps_stay_two_series(
+    tmp_path: Path,
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Tracker(("jsonl",), run_dir=tmp_path) as tracker:
+            tracker.log({SURROGATE: 1.0}, 1)
+            tracker.log({ESCAPED: 2.0}, 2)
+    _, steps = read_jsonl(tmp_path)
+    # before: [(1, {ESCAPED: 1.0}), (2, {ESCAPED: 2.0})], one series, no warning for step 2
+    assert steps == [(1, {ESCAPED: 1.0}), (2, {"acc\\\\ud800/top1": 2.0})]
+    assert len({str(w.message) for w in caught}) == 2
+
+
+def test_a_log_holding_a_surrogate_key_and_its_escaped_text_keeps_both_values() -> None:
+    record = parse_record(b'{"step": 1, "data": {"a\\ud800": 1.0, "a\\\\ud800": 2.0}}')
+    # before: {"a\\ud800": 2.0}, the 1.0 dropped with only a "renamed" note
+    assert sorted(record.values.values()) == [1.0, 2.0]
+    assert record.values["a\\ud800"] == 2.0  # the key the log holds as text keeps its name
+    assert len(record.renamed) == 1 and "both" in record.renamed[0]
+
+
+def test_show_prints_both_values_of_keys_that_clean_to_one_name(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"step": 1, "data": {"a\\ud800": 1.0, "a\\\\ud800": 2.0}}\n')
+    result = run("show", str(path), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert sorted(row["values"].values()) == [1.0, 2.0]
 
 
 def test_two_long_keys_sharing_their_start_stay_apart() -> None:
@@ -173,10 +218,12 @@ def test_the_tracker_shortens_an_overlong_key_and_logs_the_others(tmp_path: Path
     assert os.path.getsize(tmp_path / "metrics.jsonl") < 4 * MAX_KEY_CHARS
 
 
-def test_keys_that_would_be_logged_as_one_name_are_refused_naming_both(tmp_path: Path) -> None:
-    with Tracker(("jsonl",), run_dir=tmp_path) as tracker:
-        with pytest.raises(ValueError, match=r"would both be logged as") as caught:
+def test_a_surrogate_key_and_its_escaped_text_in_one_step_are_both_logged(
+    tmp_path: Path,
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Tracker(("jsonl",), run_dir=tmp_path) as tracker:
             tracker.log({ESCAPED: 1.0, SURROGATE: 2.0}, 1)
-        assert "acc" in str(caught.value)
-        tracker.log({"loss": 0.5}, 2)
-    assert read_jsonl(tmp_path)[1] == [(2, {"loss": 0.5})]
+    # before: ValueError "would both be logged as", the step refused
+    assert read_jsonl(tmp_path)[1] == [(1, {"acc\\\\ud800/top1": 1.0, ESCAPED: 2.0})]

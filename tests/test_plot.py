@@ -294,3 +294,29 @@ def test_any_float64_values_plot_without_error_or_warning(
         warnings.simplefilter("error")
         out = plot_runs([path], path.with_suffix(".png"), logy=logy, smooth=0.5)
     assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[5e-324, 1e-322, 2e-323, 1e-321], [5e-324, 5e-324], [1e-321, 1e-321], [1e-310, 1e-300]],
+)
+def test_a_log_axis_of_subnormal_values_rises_and_holds_every_point(
+    tmp_path: Path, values: list[float]
+) -> None:
+    path = tmp_path / "tiny.jsonl"
+    path.write_text(
+        "".join(f'{{"step": {s}, "data": {{"tiny": {v!r}}}}}\n' for s, v in enumerate(values))
+    )
+    runs, _ = load_runs([path], None)
+    [ax] = build_figure(runs, ["tiny"], logy=True).get_axes()
+    low, high = ax.get_ylim()
+    # before: ylim (1e-320, ~1e-321) for the first, inverted: a rising curve drawn falling
+    assert ax.get_yscale() == "log" and not ax.yaxis_inverted()
+    assert 0.0 < low < high
+    [line] = _lines(ax)
+    np.testing.assert_array_equal(line.get_ydata(), values)
+    assert low <= min(values) and max(values) <= high  # every point inside the axis
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert labels and all(label.startswith("$10^{-3") for label in labels)
+    assert plot_runs([path], tmp_path / "tiny.png", logy=True).stat().st_size > 0

@@ -8,11 +8,17 @@ neither torch nor TensorFlow is needed:
   which would scatter keys over sub-directories). By default it is a
   ``simple_value``, as ``SummaryWriter.add_scalar(tag, value)`` writes it:
   what TensorBoard draws and what ``EventAccumulator(...).Scalars(tag)``
-  reads, in float32 (a logged ``1e-6`` reads back as ``9.99999997e-07``, and
-  a value beyond 3.4e38 as an infinity). With ``double_precision=True`` it is
-  a float64 tensor, as ``SummaryWriter.add_scalar(..., new_style=True,
+  reads, in float32: about 7 significant digits (``1e-6`` reads back as
+  ``9.99999997e-07``, ``123456789`` as ``123456792.0``), a magnitude beyond
+  about 3.4e38 as an infinity and one below about 7e-46 as ``0.0`` (``1e-50``
+  reads back as ``0.0``). With ``double_precision=True`` it is a float64
+  tensor, exact, as ``SummaryWriter.add_scalar(..., new_style=True,
   double_precision=True)`` writes it: TensorBoard draws it as a scalar, but
-  scripts read it with ``EventAccumulator(...).Tensors(tag)``, not ``Scalars``;
+  scripts read it with ``EventAccumulator(...).Tensors(tag)``, not ``Scalars``.
+  A run directory holding both kinds for one tag (a run of an earlier
+  metricsync, which wrote float64 tensors, resumed with the float32 default)
+  is one curve in TensorBoard but split between ``Tensors`` and ``Scalars``
+  for ``EventAccumulator``: resume with the setting the run started with;
 - histograms (``Tracker(histograms=...)``) are TensorBoard histograms tagged
   ``<name>/histogram``, as ``SummaryWriter.add_histogram_raw`` writes them,
   at most 512 buckets;
