@@ -196,13 +196,18 @@ class DeviceState:
 
     def pend_scalar(self, row: int, x: torch.Tensor) -> None:
         """Pend a checked 0-d tensor: a reference, no op (a ``detach`` if it is in a graph)."""
-        if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream() or x.is_inference():
-            self._copy(row, x, None, None, PLAIN, al.now_us())  # copied now
+        if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream():  # copied now
+            self._copy(row, x, None, None, PLAIN, al.now_us())
+            return
+        try:
+            version = x._version
+        except RuntimeError:  # an inference tensor: no version counter, copied now
+            self._copy(row, x, None, None, PLAIN, al.now_us())
             return
         if x.requires_grad:
             x = x.detach()  # the graph is not kept; the version counter is shared
         scalars = self._scalars
-        scalars.append((row, x, x._version, al.now_us() if row in self._stamped else 0.0))
+        scalars.append((row, x, version, al.now_us() if row in self._stamped else 0.0))
         if len(scalars) >= REF_LIMIT:
             self.commit()
 
@@ -231,15 +236,15 @@ class DeviceState:
                 self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
         parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
-        if (
-            all(map(keepable, parts))
-            and not self._side_stream()
-            and not any(t.is_inference() for t in parts)  # no version counter: copied
-        ):  # a reference: no launch
-            if x.dim() == 0 and kind == PLAIN:
-                self._scalars.append((row, x, x._version, now))
-            else:
+        if all(map(keepable, parts)) and not self._side_stream():  # a reference: no launch
+            try:
                 versions = tuple(t._version for t in parts)
+            except RuntimeError:  # an inference tensor: no version counter, copied now
+                self._copy(row, x, weight, mask, kind, now)
+                return
+            if x.dim() == 0 and kind == PLAIN:
+                self._scalars.append((row, x, versions[0], now))
+            else:
                 self._refs.append(Ref(row, x, weight, mask, kind, versions, now))
                 self._ref_elements += sum(t.numel() for t in parts)
             if len(self._scalars) + len(self._refs) >= REF_LIMIT or (
