@@ -1,12 +1,14 @@
 """Accelerator tensors: pending records of one device, folded with segment reductions.
 
-A record launches nothing: it keeps a reference to the tensor (detached from any
-autograd graph) with its version counter (:mod:`metricsync._device_refs`), with
-the record's row, weight kind and time on the host. A tensor whose storage is a
-view into a much larger one, and one in-place-changed records can't see, is
-copied into a preallocated float64 buffer instead (a ``copy_``; a mask or weight
-adds a few ops). It never reads the device: no ``.item()``, ``.cpu()``, boolean
-indexing or blocking host-to-device copy.
+A record launches nothing: it keeps a reference to the tensor (value, weight and
+mask each detached from any autograd graph) with its version counter
+(:mod:`metricsync._device_refs`), with the record's row, weight kind and time on
+the host. A tensor whose storage is a view into a much larger one, one made under
+``torch.inference_mode()`` (no version counter), and one in-place-changed records
+can't see, is copied into a preallocated float64 buffer instead (a ``copy_``; a
+mask or weight adds a few ops). It never reads the device: no ``.item()``,
+``.cpu()``, boolean indexing or blocking host-to-device copy. Folds run under
+``torch.no_grad()`` and outside inference mode: the state never holds a graph.
 
 A fold reduces every pending record of the device at once: the references are
 stacked (one ``torch.stack`` per dtype, or per shape and weight kind), and the
@@ -16,13 +18,23 @@ the columns some metric carries). It runs when a bound is reached, so its
 points depend on the records alone: 1,024 pending references or 2M referenced
 elements (``REF_LIMIT``, ``REF_ELEMENTS``), or a full copy buffer (at most 2M
 float64 elements, values and weights: 32 MiB); the fold's temporaries are a few
-times that. It also runs, changing nothing, for every ``compute()``/``sync()``,
-which then copy the state to the host once per device.
+times that. It also runs for every observation (``compute()``, ``sync()``,
+``copy()``, ``to_bytes()``), which then copies the state to the host once per
+device, without folding into the state (later results stay bit for bit what
+they would be unobserved).
+
+The rule of an observation: what it read stays. It *pins* the pending references
+it read: each is replaced by a view of the stacked copy the observation made (same
+order, dtypes and shapes, no extra copy), so a later in-place change of a
+reported tensor changes nothing, and no later record (of any name) changes or
+drops a reported sample. A tensor changed in place before the first observation
+that read it is left out and flagged.
 
 Value checks that need the data (a negative or non-finite weight, a mask
 that is not 0/1, a non-finite sample under ``nan="error"``, a referenced tensor
-changed in place before the fold) run inside the fold: a failing record is left
-out and flagged, and the next ``compute()`` raises naming the metric.
+changed in place before it was read) run inside the fold: a failing record is
+left out and flagged, and every later observation raises naming the metric
+until ``reset()`` (no observation clears it: not a ``copy()``, not a ``compute()``).
 
 >>> import torch
 >>> from metricsync._spec import Spec
@@ -35,6 +47,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +101,15 @@ def _fill_weights(target: torch.Tensor, weight: Any, mask: Any) -> None:
         target.mul_(mask)
     else:
         target.mul_(torch.where((mask == 0) | (mask == 1), mask, float("nan")))
+
+
+def _folding() -> contextlib.ExitStack:
+    """Where the state is written: no autograd graph is recorded, and new tensors are
+    normal ones even inside ``torch.inference_mode()`` (written in place later)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))  # re-enables grad: no_grad after it
+    stack.enter_context(torch.no_grad())
+    return stack
 
 
 def _side_stream_check(device: torch.device) -> Callable[[], bool]:
@@ -177,10 +199,15 @@ class DeviceState:
         if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream():  # copied now
             self._copy(row, x, None, None, PLAIN, al.now_us())
             return
+        try:
+            version = x._version
+        except RuntimeError:  # an inference tensor: no version counter, copied now
+            self._copy(row, x, None, None, PLAIN, al.now_us())
+            return
         if x.requires_grad:
             x = x.detach()  # the graph is not kept; the version counter is shared
         scalars = self._scalars
-        scalars.append((row, x, x._version, al.now_us() if row in self._stamped else 0.0))
+        scalars.append((row, x, version, al.now_us() if row in self._stamped else 0.0))
         if len(scalars) >= REF_LIMIT:
             self.commit()
 
@@ -196,21 +223,28 @@ class DeviceState:
             if mask.dtype == torch.bool
             else MASK
         )
+        if x.requires_grad:  # no input keeps its autograd graph (a detach shares the version)
+            x = x.detach()
+        if isinstance(weight, torch.Tensor) and weight.requires_grad:
+            weight = weight.detach()
+        if mask is not None and mask.requires_grad:
+            mask = mask.detach()
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
-            w = None if kind == PLAIN else self._weights_of(x, weight, mask)
-            record = np.array([[row, 0, n, kind, now]], dtype=np.float64)
-            self._merge(self._fold_batch(x.reshape(-1), w, record))
+            with _folding():
+                w = None if kind == PLAIN else self._weights_of(x, weight, mask)
+                record = np.array([[row, 0, n, kind, now]], dtype=np.float64)
+                self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
         parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
         if all(map(keepable, parts)) and not self._side_stream():  # a reference: no launch
-            if x.requires_grad or (isinstance(weight, torch.Tensor) and weight.requires_grad):
-                parts = [t.detach() for t in parts]
-                x = parts[0]
-                weight = parts[1] if isinstance(weight, torch.Tensor) else weight
-            if x.dim() == 0 and kind == PLAIN:
-                self._scalars.append((row, x, x._version, now))
-            else:
+            try:
                 versions = tuple(t._version for t in parts)
+            except RuntimeError:  # an inference tensor: no version counter, copied now
+                self._copy(row, x, weight, mask, kind, now)
+                return
+            if x.dim() == 0 and kind == PLAIN:
+                self._scalars.append((row, x, versions[0], now))
+            else:
                 self._refs.append(Ref(row, x, weight, mask, kind, versions, now))
                 self._ref_elements += sum(t.numel() for t in parts)
             if len(self._scalars) + len(self._refs) >= REF_LIMIT or (
@@ -250,6 +284,10 @@ class DeviceState:
     def commit(self, room: int = 0) -> None:
         """Fold the pending records into the accumulated state; size the buffer for what
         comes (at least ``room`` elements, at most ``_LIMIT``)."""
+        with _folding():
+            self._commit(room)
+
+    def _commit(self, room: int) -> None:
         batch = self._pending_batch()
         if batch is not None:
             self._merge(batch)
@@ -264,10 +302,12 @@ class DeviceState:
         self._scalars, self._refs, self._ref_elements = [], [], 0
 
     def _pending_batch(
-        self,
+        self, pin: bool = False
     ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None] | None:
         """Every pending record (copied and referenced) folded into state columns, or
-        None when none is pending. Rows of changed references are flagged on the host."""
+        None when none is pending. Rows of changed references are flagged on the host.
+        With ``pin``, the pending references are replaced by private copies of what this
+        read (the changed ones dropped): later in-place changes cannot reach them."""
         if not (self._records or self._scalars or self._refs):
             return None
         xs: list[torch.Tensor] = []
@@ -280,9 +320,11 @@ class DeviceState:
             tables.append(np.array(self._records, dtype=np.float64))
         if (self._scalars or self._refs) and self._side_stream():
             _wait_for_default_stream(self.device)  # references were taken on it
-        more_x, more_w, more_tables, changed = gather(
-            self._scalars, self._refs, self._used, self.upload
+        more_x, more_w, more_tables, changed, scalars, refs = gather(
+            self._scalars, self._refs, self._used, self.upload, pin
         )
+        if pin:
+            self._scalars, self._refs = scalars, refs
         for row in changed:
             self._host_bad[row] = max(self._host_bad.get(row, 0.0), BAD_CHANGED)
         xs += more_x
@@ -380,12 +422,23 @@ class DeviceState:
         )
 
     def snapshot(self) -> Snapshot:
-        """The state with every pending record folded in, on the host: one device-to-host copy
-        (none when nothing was recorded since the last one).
+        """The state with every pending record folded in, on the host: one device-to-host
+        copy (none when nothing was recorded since the last one).
 
-        Changes nothing, so observing leaves later results exactly as they would be.
+        Folds nothing into the state, so observing leaves later results exactly as they
+        would be; but the pending references it read are pinned (replaced by views of
+        the stacked copies this fold made, in the same order), so what it reported
+        stays whatever later changes the caller's tensors get.
         """
-        key = (
+        key = self._pending_key()
+        if self._seen is not None and self._seen[0] == key:
+            return self._seen[1]
+        snap = self._snapshot()
+        self._seen = (self._pending_key(), snap)  # pinning drops changed references
+        return snap
+
+    def _pending_key(self) -> tuple[int, ...]:
+        return (
             len(self._records),
             self._used,
             len(self._scalars),
@@ -393,19 +446,15 @@ class DeviceState:
             len(self.slots),
             self._commits,
         )
-        if self._seen is not None and self._seen[0] == key:
-            return self._seen[1]
-        snap = self._snapshot()
-        self._seen = (key, snap)
-        return snap
 
     def _snapshot(self) -> Snapshot:
         state, sketch, bad = self.state, self.sketch, self.bad
-        batch = self._pending_batch()
-        if batch is not None:
-            state, sketch, bad = self._merged(batch)
-        else:  # rows whose only records were left out (changed in place) hold none
-            state, bad = self._grown(state, al.IDENTITY), self._grown(bad, None)
+        with _folding():
+            batch = self._pending_batch(pin=True)
+            if batch is not None:
+                state, sketch, bad = self._merged(batch)
+            else:  # rows whose only records were left out (changed in place) hold none
+                state, bad = self._grown(state, al.IDENTITY), self._grown(bad, None)
         parts = [state.reshape(-1), bad] + [sketch[acc].reshape(-1) for acc in sorted(sketch)]
         flat = torch.cat(parts).cpu().numpy()
         k = len(self.slots)
@@ -424,10 +473,3 @@ class DeviceState:
         for row, code in self._host_bad.items():
             errors[row] = max(errors[row], code)
         return list(self.slots), host_cols, cells, errors
-
-    def clear_errors(self) -> None:
-        """Forget reported errors (their records were left out) after folding what is pending."""
-        self.commit()
-        self.bad = torch.zeros_like(self.bad)
-        self._host_bad = {}
-        self._commits += 1

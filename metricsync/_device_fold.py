@@ -44,12 +44,18 @@ def device_error(name: str, code: float) -> ValueError:
         return ValueError(
             f"metric {name!r}: a recorded tensor was changed in place before metricsync "
             "read it (record a .clone() of a tensor you overwrite); that record was discarded"
+            f"{_UNTIL_RESET}"
         )
     what = {
         BAD_NAN: "a non-finite sample under nan='error'",
         BAD_MASK: "a mask value other than 0 or 1 (use weight= for fractions)",
     }.get(code, "a negative or non-finite weight (or a mask value other than 0 or 1)")
-    return ValueError(f"metric {name!r}: a recorded tensor held {what}; that record was discarded")
+    return ValueError(
+        f"metric {name!r}: a recorded tensor held {what}; that record was discarded{_UNTIL_RESET}"
+    )
+
+
+_UNTIL_RESET = " (every compute(), sync() and copy() raises this until reset())"
 
 
 _POLICY = {"propagate": 0.0, "ignore": 1.0, "error": 2.0}

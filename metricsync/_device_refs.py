@@ -12,9 +12,11 @@ Two guards keep a reference from giving a wrong number:
   (:func:`keepable`); a view into a large tensor is copied at the record instead,
   so a large buffer the caller refills does not change it, and its memory is not
   held;
-- a tensor changed in place before the fold (its version counter moved: a write
-  through it, its base or any view of them) is left out, and its row flagged
-  (:data:`BAD_CHANGED`), which the next ``compute()`` reports naming the metric.
+- a tensor changed in place before it was read (its version counter moved: a
+  write through it, its base or any view of them) is left out, and its row flagged
+  (:data:`BAD_CHANGED`), which every later ``compute()`` reports naming the metric
+  until ``reset()``; an observation pins what it read (``gather(pin=True)``), so a
+  change after it changes nothing.
 
 Writes that bypass the version counter (through ``.data``, a DLPack or numpy
 alias, a CUDA graph replay) cannot be seen: record a ``.clone()`` of such a tensor.
@@ -44,7 +46,9 @@ __all__ = [
     "VIEW_SLACK",
     "REF_LIMIT",
     "WEIGHT",
+    "Gathered",
     "Ref",
+    "Scalar",
     "gather",
     "keepable",
 ]
@@ -79,49 +83,70 @@ def _tensors(ref: Ref) -> tuple[torch.Tensor, ...]:
     return tuple(t for t in (ref.x, ref.w, ref.m) if isinstance(t, torch.Tensor))
 
 
-def _weights(group: list[Ref], upload: Callable[[np.ndarray], torch.Tensor]) -> Any:
-    """The combined weights of a group of records of one shape, ``(k, *shape)`` float64."""
+def _weights(
+    group: list[Ref], sw: Any, sm: Any, upload: Callable[[np.ndarray], torch.Tensor]
+) -> Any:
+    """The combined weights of a group of records of one shape, ``(k, *shape)`` float64
+    (``sw``, ``sm``: the group's tensor weights and masks, stacked, or None)."""
     first = group[0]
     shape = (len(group), *first.x.shape)
     w: Any = None
     if isinstance(first.w, float):
         floats = upload(np.array([r.w for r in group], dtype=np.float64))
         w = floats.view(len(group), *([1] * first.x.dim())).expand(shape)
-    elif first.w is not None:
-        stacked = torch.stack([r.w for r in group]).to(_F64)
+    elif sw is not None:
         lead = (len(group),) + (1,) * (first.x.dim() - first.w.dim())
-        w = stacked.view(*lead, *first.w.shape).expand(shape)
-    if first.m is None:
+        w = sw.to(_F64).view(*lead, *first.w.shape).expand(shape)
+    if sm is None:
         return w
-    mask = torch.stack([r.m for r in group])
     if w is None:
-        return mask.to(_F64)
-    if mask.dtype == torch.bool:
-        return w * mask
-    return w * torch.where((mask == 0) | (mask == 1), mask.to(_F64), float("nan"))
+        return sm.to(_F64)
+    if sm.dtype == torch.bool:
+        return w * sm
+    return w * torch.where((sm == 0) | (sm == 1), sm.to(_F64), float("nan"))
+
+
+Scalar = tuple[int, torch.Tensor, int, float]  #: a pending 0-d record: row, tensor, version, stamp
+
+
+class Gathered(NamedTuple):
+    """The pending references as flat float64 pieces (see :func:`gather`)."""
+
+    xs: list[torch.Tensor]
+    ws: list[torch.Tensor | None]
+    records: list[np.ndarray]
+    changed: set[int]
+    scalars: list[Scalar]  #: with ``pin``: the unchanged 0-d records, on private copies
+    refs: list[Ref]  #: with ``pin``: the unchanged other records, on private copies
 
 
 def gather(
-    scalars: list[tuple[int, torch.Tensor, int, float]],
+    scalars: list[Scalar],
     refs: list[Ref],
     start: int,
     upload: Callable[[np.ndarray], torch.Tensor],
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list[np.ndarray], set[int]]:
-    """The pending references as flat float64 pieces: ``(values, weights or None,
-    records, rows of changed tensors)``; each piece's records an ``(r, 5)`` array of
-    ``(row, start, n, kind, stamp)``, starts from ``start`` on.
+    pin: bool = False,
+) -> Gathered:
+    """The pending references as flat float64 pieces: values, weights or None, records
+    and rows of changed tensors; each piece's records an ``(r, 5)`` array of
+    ``(row, start, n, kind, stamp)``, starts from ``start`` on. Changed tensors are
+    left out.
 
-    A 0-d record is ``(row, tensor, version, stamp)``. Changed tensors are left out.
+    With ``pin``, also the unchanged references on views of the stacked copies the
+    pieces come from (same dtypes, shapes and order, no extra copy), to stand for them
+    from then on: a later in-place change of a caller's tensor cannot reach them.
     """
     xs: list[torch.Tensor] = []
     ws: list[torch.Tensor | None] = []
     records: list[np.ndarray] = []
     changed: set[int] = set()
+    pinned: list[Scalar] = []
+    pinned_refs: list[Ref] = []
     if scalars:
         if any(t._version != v for _, t, v, _ in scalars):
             changed = {row for row, t, v, _ in scalars if t._version != v}
             scalars = [rec for rec in scalars if rec[1]._version == rec[2]]
-        by_dtype: dict[Any, list[tuple[int, torch.Tensor, int, float]]] = {}
+        by_dtype: dict[Any, list[Scalar]] = {}
         dtypes = {t.dtype for _, t, _, _ in scalars}
         if len(dtypes) == 1:
             by_dtype[dtypes.pop()] = scalars
@@ -130,7 +155,8 @@ def gather(
                 by_dtype.setdefault(rec[1].dtype, []).append(rec)
         for singles in by_dtype.values():
             k = len(singles)
-            xs.append(torch.stack([t for _, t, _, _ in singles]).to(_F64))
+            stacked = torch.stack([t for _, t, _, _ in singles])
+            xs.append(stacked.to(_F64))
             ws.append(None)
             table = np.zeros((k, 5))
             table[:, 0] = [row for row, _, _, _ in singles]
@@ -139,6 +165,11 @@ def gather(
             table[:, 4] = [at for _, _, _, at in singles]
             records.append(table)
             start += k
+            if pin:
+                pinned += [
+                    (row, t, t._version, at)
+                    for (row, _, _, at), t in zip(singles, stacked.unbind(0))
+                ]
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
@@ -150,10 +181,29 @@ def gather(
         by_shape.setdefault(key, []).append(ref)
     for group in by_shape.values():
         n = group[0].x.numel()
-        xs.append(torch.stack([r.x for r in group]).reshape(-1).to(_F64))
-        w = _weights(group, upload)
+        sx = torch.stack([r.x for r in group])
+        sw = torch.stack([r.w for r in group]) if isinstance(group[0].w, torch.Tensor) else None
+        sm = None if group[0].m is None else torch.stack([r.m for r in group])
+        xs.append(sx.reshape(-1).to(_F64))
+        w = _weights(group, sw, sm, upload)
         ws.append(None if w is None else w.reshape(-1))
         table = np.array([(r.row, start + i * n, n, r.kind, r.stamp) for i, r in enumerate(group)])
         records.append(table.reshape(-1, 5))
         start += n * len(group)
-    return xs, ws, records, changed
+        if pin:
+            pinned_refs += _pinned(group, sx, sw, sm)
+    return Gathered(xs, ws, records, changed, pinned, pinned_refs)
+
+
+def _pinned(group: list[Ref], sx: torch.Tensor, sw: Any, sm: Any) -> list[Ref]:
+    """``group``'s records on views of their stacked tensors (one ``unbind`` each)."""
+    cols: list[Any] = [
+        sx.unbind(0),
+        [r.w for r in group] if sw is None else sw.unbind(0),
+        [None] * len(group) if sm is None else sm.unbind(0),
+    ]
+    out = []
+    for r, x, w, m in zip(group, *cols):
+        versions = tuple(t._version for t in (x, w, m) if isinstance(t, torch.Tensor))
+        out.append(r._replace(x=x, w=w, m=m, versions=versions))
+    return out

@@ -69,12 +69,12 @@ class Devices:
 
     def read(self, names: list[str]) -> list[DeviceRead]:
         """Each device's state on the host; ``ValueError`` naming the metric (from
-        ``names``, by slot) when a record failed its checks on the device."""
+        ``names``, by slot) when a record failed its checks on the device (an error is
+        never cleared by a read: every observation raises it until ``reset()``)."""
         out = []
         for state in self.states.values():
             slots, cols, cells, errors = state.snapshot()
-            if errors.any():
-                state.clear_errors()
+            if errors.any():  # kept: every later read raises too, until reset()
                 from ._device_fold import device_error  # loaded: a device recorded
 
                 raise device_error(names[slots[int(np.argmax(errors))]], errors.max())

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 import metricsync as ms  # noqa: E402
 from metricsync import _convert as device_mod  # noqa: E402
+from metricsync._device import BAD_NAN, DeviceState  # noqa: E402
 from metricsync.testing import (  # noqa: E402
     count_blocking_uploads,
     count_device_ops,
@@ -248,8 +249,12 @@ def test_bad_device_values_are_reported_by_compute(
     with pytest.raises(ValueError, match=f"'{name}'") as info:
         m.compute()
     assert what in str(info.value)
-    # the bad record was discarded, the good ones kept, and compute works again
-    assert m.compute()[name] == 6.0
+    # the bad record was discarded; the error stays, whatever observes it, until reset()
+    for observe in (m.compute, m.copy, m.to_bytes, m.compute):
+        with pytest.raises(ValueError, match=f"'{name}'"):
+            observe()
+    m.reset()
+    m.record(name, torch.tensor([6.0]))
     assert m.compute()[name] == 6.0
 
 
@@ -266,9 +271,17 @@ def test_bad_device_record_discards_its_sketch_too() -> None:
     m.record("len", torch.tensor([1.0, 2.0, 3.0]))
     m.record("len", torch.tensor([1000.0, float("nan")]))
     with pytest.raises(ValueError, match="'len'"):
-        m.compute()
-    got = m.compute()
-    assert got["len/count"] == 3.0 and abs(got["len/p50"] - 2.0) <= 0.02
+        m.compute()  # raised until reset(): the state itself shows what was kept
+    spec = ms.Spec(("p50", "count"), nan="error")
+    bad, good = DeviceState(torch.device("cpu")), DeviceState(torch.device("cpu"))
+    for state in (bad, good):
+        state.add(0, spec, torch.tensor([1.0, 2.0, 3.0]), None, None, now=1.0)
+    bad.add(0, spec, torch.tensor([1000.0, float("nan")]), None, None, now=2.0)
+    _, cols, cells, errors = bad.snapshot()
+    _, good_cols, good_cells, _ = good.snapshot()
+    assert errors.tolist() == [BAD_NAN]
+    np.testing.assert_array_equal(cols, good_cols)
+    assert cells[0].tolist() == good_cells[0].tolist()
 
 
 @pytest.mark.usefixtures("deferred")
