@@ -336,9 +336,15 @@ def sync_async(store: Store, group: Any, timeout: Any, wrap: Callable[[Store], A
     if dist is None:
         return done_handle(wrap(Store(store.rules.copy(), store.snapshot())))
     with store.lock:  # a device error is reported after the header gather, on every rank
-        later, error = with_device_error(store.snapshot_later)
+        later, error = with_device_error(store.snapshot_later, lambda: _host_only(store))
         rules = store.rules.copy()
     return submit(store, group, later, rules, error, seconds, wrap, started)
+
+
+def _host_only(store: Store) -> Callable[[], StateTable]:
+    """What an async sync sends when a device record failed: the host samples alone."""
+    table = store.folded(devices=False)
+    return lambda: table
 
 
 def submit(

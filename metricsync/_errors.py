@@ -38,10 +38,13 @@ class SyncError(MetricsyncError):
     """A collective did not complete: a rank is missing, timed out or failed."""
 
 
-def with_device_error(take: Callable[[], T]) -> tuple[T, ValueError | None]:
-    """``take()`` and None, or, when a device record failed its checks (``ValueError``, the
-    record dropped), ``take()`` again and that error: a sync reports it on every rank."""
+def with_device_error(
+    take: Callable[[], T], without_devices: Callable[[], T]
+) -> tuple[T, ValueError | None]:
+    """``take()`` and None, or, when a device record failed its checks (``ValueError``),
+    ``without_devices()`` (what to send in its place: a sync reports the error on every
+    rank, and the error stays on the store until ``reset()``) and that error."""
     try:
         return take(), None
     except ValueError as exc:
-        return take(), exc
+        return without_devices(), exc

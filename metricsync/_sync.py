@@ -94,7 +94,7 @@ def sync(
     if dist is None:
         return wrap(Store(store.rules.copy(), store.snapshot()))
     with store.lock:  # a device error is reported after the header gather, on every rank
-        table, error = with_device_error(store.folded)
+        table, error = with_device_error(store.folded, lambda: store.folded(devices=False))
         rules = store.rules.copy()
     return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
 

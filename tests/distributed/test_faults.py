@@ -318,10 +318,18 @@ def _bounds(stat: str, x: np.ndarray, w: np.ndarray) -> tuple[float, float]:
     if q in (0.0, 1.0):
         value = float(xk.min() if q == 0.0 else xk.max())
         return value, value
-    expanded = np.sort(np.repeat(xk, wk.astype(int)))
-    j = math.ceil(q * len(expanded)) - 1
-    near = expanded[max(j - 1, 0) : j + 2]
-    lo, hi = float(near.min()), float(near.max())
+    # linear, weights relative to their mean W / n (docs/definitions.md): h = q (n - 1)
+    # between the samples whose cumulative weight first exceeds floor(h) W / n and the next
+    order = np.argsort(xk, kind="stable")
+    xs, cum = xk[order], np.cumsum(wk[order])
+    n = len(xs)
+    h = q * (n - 1)
+    near = []
+    for j in (math.floor(h), min(math.floor(h) + 1, n - 1)):
+        for tie in (1 - 1e-9, 1 + 1e-9):  # a boundary met up to rounding: either side
+            past = np.flatnonzero(cum * n > j * cum[-1] * tie)
+            near.append(float(xs[past[0]] if len(past) else xs[-1]))
+    lo, hi = min(near), max(near)
     return lo - QUANTILE_TOL * abs(lo), hi + QUANTILE_TOL * abs(hi)
 
 
