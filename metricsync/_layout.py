@@ -250,6 +250,8 @@ class GroupState:
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
     owner: Callable[[], Any] | None = None  # a weak reference to the group object
+    # the sync number at which each Metrics (its store) last synced here, blocking
+    synced: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary)
 
     def belongs_to(self, group: Any) -> bool:
         """Whether this state is ``group``'s (not a former group's of the same name)."""

@@ -55,6 +55,7 @@ from ._errors import SpecMismatchError, SyncError, with_device_error
 from ._group import comm_device, group_facts, sync_target
 from ._layout import (
     NO_WINDOW,
+    GroupState,
     Layout,
     Placement,
     decode_entries,
@@ -95,7 +96,7 @@ def sync(
     with store.lock:  # a device error is reported after the header gather, on every rank
         table, error = with_device_error(store.folded)
         rules = store.rules.copy()
-    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
+    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds, owner=store)))
 
 
 def sync_table(
@@ -107,13 +108,16 @@ def sync_table(
     timeout: float | None,
     tag: int = 0,
     poll: bool = True,
+    owner: object = None,
 ) -> StateTable:
     """The merge of ``table`` over every rank of ``group`` (see the module docstring).
 
-    ``tag`` identifies the sync among a group's async syncs (0 for blocking
-    ones; see :mod:`metricsync._async`): ranks whose tags differ raise
-    ``SyncError``, since they are merging different ``Metrics``. ``poll``: whether host
-    collectives are polled before the wait blocks (see :mod:`metricsync._comm`).
+    ``tag`` identifies the sync's ``Metrics`` among a group's async syncs (see
+    :mod:`metricsync._async`); a blocking sync passes its store as ``owner``
+    instead, and its tag says where that store last synced on the group
+    (:func:`_owner_tag`). Ranks whose tags differ raise ``SyncError``, since they
+    are merging different ``Metrics``. ``poll``: whether host collectives are
+    polled before the wait blocks (see :mod:`metricsync._comm`).
     """
     facts = group_facts(dist, group)
     state = group_state(facts.key, group)
@@ -131,11 +135,12 @@ def sync_table(
     gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
     comm = Comm(dist, group, deadline, state, comm_device(dist, group), gloo, poll)
     try:
+        tag = tag if owner is None else _owner_tag(state, owner)
         result = _agree_and_merge(comm, dist, group, table, rules, error, tag)
-        state.seq += 1
+        _count(state, owner)
         return result
     except (SpecMismatchError, _Agreed) as exc:  # every rank raises the same, in step
-        state.seq += 1
+        _count(state, owner)
         if isinstance(exc, _Agreed):
             raise exc.error from None
         raise
@@ -147,6 +152,23 @@ def sync_table(
         raise
     finally:
         state.lock.release()
+
+
+def _owner_tag(state: GroupState, owner: object) -> int:
+    """The tag of a blocking sync of ``owner``: -1 for its first sync on the group, else
+    -2 less the sync number of its last one (negative: async tags are positive). Ranks
+    that sync the same ``Metrics`` objects in the same order agree on it; a rank that
+    syncs another ``Metrics`` than its peers, one last synced at another sync number,
+    does not (see :func:`_check_in_step`)."""
+    last = state.synced.get(owner)
+    return -1 if last is None else -2 - last
+
+
+def _count(state: GroupState, owner: object) -> None:
+    """One more sync ran on the group (every rank in step), the last one of ``owner``."""
+    if owner is not None:
+        state.synced[owner] = state.seq
+    state.seq += 1
 
 
 class _Agreed(Exception):
@@ -272,10 +294,13 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
             "interleaved with other collectives on this group); create a new process group"
         )
     if not (heads[:, 6] == mine[6]).all():  # same sync number, different Metrics
-        comm.state.broken = "ranks started their async syncs in a different order"
         seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(heads[:8, 6]))
+        blocking = mine[6] < 0  # see _owner_tag
+        if not blocking:  # queued async syncs stay in another order: the group is out of step
+            comm.state.broken = "ranks started their async syncs in a different order"
+        kind = "blocking" if blocking else "async"
         raise SyncError(
-            f"metricsync sync: ranks started their async syncs on this group in a different "
+            f"metricsync sync: ranks started their {kind} syncs on this group in a different "
             f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
             "must start them in the same order, with the same Metrics objects"
         )
@@ -384,13 +409,14 @@ def _extend(blobs: np.ndarray, sizes: list[int], layout: Layout) -> Layout:
 
 
 def describe_tag(tag: int) -> str:
-    """What a sync's tag says, for error messages.
+    """What a sync's tag says, for error messages (blocking syncs' tags are negative).
 
-    >>> describe_tag(0), describe_tag(1), describe_tag(5)
-    ('a blocking sync', 'the first async sync of its Metrics', 'a Metrics last synced at #3')
+    >>> describe_tag(1), describe_tag(5)
+    ('the first async sync of its Metrics', 'a Metrics last synced at #3')
+    >>> describe_tag(-1), describe_tag(-5)
+    ('the first blocking sync of its Metrics', 'a Metrics last synced at #3')
     """
-    if tag == 0:
-        return "a blocking sync"
-    if tag == 1:
-        return "the first async sync of its Metrics"
-    return f"a Metrics last synced at #{tag - 2}"
+    kind = "blocking" if tag < 0 else "async"
+    if abs(tag) <= 1:
+        return f"the first {kind} sync of its Metrics" if tag else "a blocking sync"
+    return f"a Metrics last synced at #{abs(tag) - 2}"
