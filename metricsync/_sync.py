@@ -72,6 +72,7 @@ from ._reduce import (
     widened,
     within_windows,
 )
+from ._retire import settle
 from ._rules import SpecTable
 from ._spec import Spec
 from ._store import Store
@@ -273,11 +274,11 @@ def _agree_and_merge(
         elif layout.sketch:
             sum_cells(merged, layout, agreed, body[:, layout.data_size :])
         state.windows.update(zip(layout.sketch_entries, agreed))
-        state.layout = layout
-        if not every & _FULL:  # names no rank holds (another Metrics' on this group) stay out
-            held = _held_by_any(gathered[:, HEADER : HEADER + nbits], len(layout))
-            if not held.all():
-                return merged.subset(*layout.part(held))
+        bits = gathered[:, HEADER : HEADER + nbits]
+        held = None if every & _FULL else _held_by_any(bits, len(layout))
+        settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
+        if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
+            return merged.subset(*layout.part(held))
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
 
