@@ -16,10 +16,10 @@ and agrees its sketch window anew.
 >>> for seq in range(RETIRE_AFTER):  # "b" held at sync 0 only
 ...     settle(state, state.layout if seq else layout, np.array([True, seq == 0]), seq)
 >>> len(state.layout), state.held_at.tolist()
-(2, [31, 0])
+(2, [15, 0])
 >>> settle(state, state.layout, np.array([True, False]), RETIRE_AFTER)
 >>> state.layout.names, state.held_at.tolist()
-(['a'], [32])
+(['a'], [16])
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ._layout import GroupState, Layout
 
 __all__ = ["RETIRE_AFTER", "settle"]
 
-RETIRE_AFTER = 32  #: syncs of a group after which a name no rank held leaves its layout
+RETIRE_AFTER = 16  #: syncs of a group after which a name no rank held leaves its layout
 
 
 def settle(state: GroupState, layout: Layout, held: np.ndarray | None, seq: int) -> None:
