@@ -2,7 +2,8 @@
 
 A steady sync is **one** gather (see :mod:`metricsync._comm`): each rank sends a small header
 (protocol, sync number, fingerprint of the group's agreed layout, flags, and
-for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
+a tag naming the ``Metrics``: where it last synced on the group, see
+:func:`_owner_tag` and :mod:`metricsync._async`)
 and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
 every rank's state with the merge algebra, so the result is what ``merge``
 would give, identical on every rank. Quantile metrics send the sketch cells
@@ -16,7 +17,9 @@ pickle) in place of its state, which cannot be packed in that layout. When
 every rank's new entries fit in the room a state takes, that one gather
 carried them; else every rank sends them in a gather of bytes. The layout
 grows by them and the state gather runs again: two collectives (three when
-the entries did not fit), and the next sync is steady again. A name with different specs on two ranks (or declared differently by
+the entries did not fit), and the next sync is steady again. Names no rank
+has held for a number of syncs leave the layout on every rank after the same
+sync, with no collective of their own (:mod:`metricsync._retire`). A name with different specs on two ranks (or declared differently by
 a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
 device data raises on every rank too.
 
