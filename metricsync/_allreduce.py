@@ -190,7 +190,7 @@ class Head(NamedTuple):
     flags: int  # the OR of every rank's flags
     clash: int  # the largest clash word
     blob: int  # the largest new-entries size
-    tags: list[int]  # the tags of ranks 0..7 (-1 past the group)
+    tags: list[int]  # the tags of ranks 0..7 (those in the group)
 
 
 class Reduced:
@@ -213,6 +213,7 @@ class Reduced:
         words[:8] = [magic, -magic, seq, -seq, fp, -fp, tag, -tag]
         words[8:14] = [(flags >> b) & 1 for b in range(6)]
         words[14:16] = [clash, blob]
+        words[16:] = NONE  # ranks 0..7's tags (a blocking sync's is negative)
         if self.rank < 8:
             words[16 + self.rank] = tag
         if data is None:
