@@ -11,6 +11,7 @@ counts (names, bytes), never times.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -21,12 +22,13 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
+from metricsync._allreduce import ENV  # noqa: E402
 from metricsync._group import group_key  # noqa: E402
 from metricsync._layout import group_state  # noqa: E402
 from metricsync._retire import RETIRE_AFTER  # noqa: E402
 from metricsync.testing import count_collectives, run_distributed  # noqa: E402
 
-pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("sync_path")]  # both paths
+pytestmark = pytest.mark.distributed
 
 STEPS = 3 * RETIRE_AFTER + 10
 SPECS = {"req/*": ms.Spec(("mean", "p0", "p100")), "loss": ms.Spec("mean")}
@@ -119,6 +121,7 @@ def _rarely(rank: int, world: int) -> dict[str, Any]:
     return {"results": results, "sizes": sizes}
 
 
+@pytest.mark.usefixtures("sync_path")  # both paths
 def test_a_metrics_synced_rarely_comes_back_right() -> None:
     world = 2
     results = run_distributed(_rarely, world, timeout=300)
@@ -131,3 +134,36 @@ def test_a_metrics_synced_rarely_comes_back_right() -> None:
             assert {k: v for k, v in got.items() if not k.startswith("big/q")} == want
             assert got["big/q/max"] == 100.0 + round_
         assert r["sizes"] == [1, 1, 1]  # the big names left while only "s" was synced
+
+
+def _alternating(rank: int, world: int) -> dict[str, Any]:
+    """The churn of ``_churn`` with the path switched every sync (the same on every rank)."""
+    group = dist.new_group(backend="gloo")
+    state = group_state(group_key(dist, group))
+    names, wrong = [], []
+    for step in range(2 * RETIRE_AFTER + 5):
+        os.environ[ENV] = ("gather", "reduce", "reduce")[step % 3]
+        kept = ms.Metrics(SPECS)
+        kept.record("loss", float(rank))
+        kept.record(f"req/{step}", _values(step, rank))
+        if step % 7 == rank:
+            kept.record(f"only/{step}", 1.0)
+        got = kept.sync(group, timeout=30).compute()
+        everyone = np.concatenate([_values(step, r) for r in range(world)])
+        if got[f"req/{step}/p100"] != float(everyone.max()) or len(got) != 4 + (step % 7 < world):
+            wrong.append((step, got))
+        names.append(sorted(state.layout.names))
+    return {"names": names, "wrong": wrong}
+
+
+def test_names_retire_at_the_same_sync_whichever_path_each_sync_takes() -> None:
+    world = 2
+    results = run_distributed(_alternating, world, timeout=300)
+    for r in results:
+        assert r["wrong"] == [], r["wrong"][:2]
+        for seq, names in enumerate(r["names"]):
+            # held at some sync t of the last RETIRE_AFTER (t > seq - RETIRE_AFTER)
+            live = range(max(seq - RETIRE_AFTER + 1, 0), seq + 1)
+            want = {"loss", *(f"req/{t}" for t in live)}
+            want |= {f"only/{t}" for t in live if t % 7 < world}
+            assert names == sorted(want), (seq, names)
