@@ -21,7 +21,8 @@ whose size does not depend on the number of ranks ``W``:
   equals round A's maximum send their value (rank), the others ``-0.0``, with
   their count: one such rank gives the value exactly; ``across`` sums, and the
   ``first`` value from the holder of round A; which layout names some rank holds
-  (only when no rank holds them all), as counts packed in base ``W + 1``.
+  (only when no rank holds them all), as counts packed in base ``W + 1``: the
+  sync's result and the layout's retirement (:mod:`metricsync._retire`) use them.
 - **round C**, only when two ranks tie on a ``last`` time with different values,
   or on an ``argrank`` extreme: one small ``MAX`` of the tied positions.
 

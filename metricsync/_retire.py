@@ -1,7 +1,9 @@
 """Bounded layouts: a name no rank has held for :data:`RETIRE_AFTER` syncs leaves the layout.
 
-Every rank learns from each sync's gather which layout positions some rank
-holds (the held bits of every rank's header), so every rank keeps the same
+Every rank learns from each sync which layout positions some rank holds: on
+the gather path from the held bits of every rank's header, on the reduce path
+(:mod:`metricsync._allreduce`) from the held counts its sum round carries
+(every position, when the flags say some rank holds them all). So every rank keeps the same
 record of the last sync at which each name was held, and drops the same names
 after the same sync: the smaller layout is agreed with no collective of its
 own, and its fingerprint (:meth:`Layout.without`) checks that at the next

@@ -23,6 +23,11 @@ sync, with no collective of their own (:mod:`metricsync._retire`). A name with d
 a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
 device data raises on every rank too.
 
+A large group takes the reduce path instead (:func:`_agree_and_reduce`,
+:mod:`metricsync._allreduce`, chosen by ``choose``): the same header words,
+tag included, in its first reduction, the same errors on every rank, and the
+same retirement of names, from the held counts its second reduction carries.
+
 Every ``Metrics`` synced on a group shares its layout. A small one synced in turn
 with a large one packs room for the large one's names, and must check each of
 those it lacks against its own rules: that answer is kept per rules and layout,
