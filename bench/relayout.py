@@ -11,6 +11,14 @@ one also exchanges the new entry, extends the layout and places the table
 in it. On one rank the collectives cost almost nothing, so the ratio of the
 medians is the CPU work of a layout change (``bench/sync.py`` measures it on
 2 and 4 ranks, collectives included; target there: at most 3x).
+
+``--churn STEPS``: names that change every step, on 2 gloo ranks. Each step
+a new ``Metrics`` records 20 steady names (one a quantile metric) and one
+quantile name of its own (``req/{step}``), then syncs and computes. Printed:
+the median sync of the last 20 steps over that of the first 20, and rank 0's
+resident memory growth from step 20 to the end (target: at most 2x and 8 MB
+over 300 steps; names no rank holds for ``_retire.RETIRE_AFTER`` syncs leave
+the layout).
 """
 
 from __future__ import annotations
@@ -52,12 +60,53 @@ def _pairs(rank: int, world: int, k: int, groups: int, syncs: int) -> dict[str, 
     return {"steady": statistics.median(steady), "changed": statistics.median(changed)}
 
 
+def _rss() -> int:
+    """This process's resident memory now, in bytes (Linux)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _churn(rank: int, world: int, steps: int) -> dict[str, float]:
+    rng = np.random.default_rng(rank)
+    specs = {"steady/len": ms.Spec(("mean", "p50", "p90")), "req/*": ms.Spec(("mean", "p90"))}
+    times: list[float] = []
+    rss = 0
+    for step in range(steps):
+        if step == 20:
+            rss = _rss()
+        metrics = ms.Metrics(specs)
+        for i in range(19):
+            metrics.record(f"steady/{i:02d}", float(rng.normal()))
+        metrics.record("steady/len", rng.integers(16, 4096, 64).astype(float))
+        metrics.record(f"req/{step}", rng.exponential(100.0, 32))
+        start = time.perf_counter()
+        metrics.sync().compute()
+        times.append(time.perf_counter() - start)
+    return {
+        "first": statistics.median(times[:20]),
+        "last": statistics.median(times[-20:]),
+        "rss": (_rss() - rss) / 2**20,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--syncs", type=int, default=15)
+    parser.add_argument("--churn", type=int, default=0, help="steps of names that change")
     args = parser.parse_args()
+    if args.churn:
+        r = run_distributed(_churn, 2, args=(args.churn,), timeout=600)[0]
+        print(f"2 gloo ranks, {args.churn} steps, a new req/{{step}} quantile name each step")
+        print(
+            f"sync + compute(), median of the first 20: {r['first'] * 1e6:.0f}us, "
+            f"of the last 20: {r['last'] * 1e6:.0f}us, ratio {r['last'] / r['first']:.2f}x; "
+            f"rank 0 RSS growth from step 20: {r['rss']:.1f} MB"
+        )
+        return
     print("1 gloo rank; sync + compute() after one record, medians")
     print(f"{'K':>6} {'steady':>10} {'changed':>10} {'ratio':>6}")
     for k in args.metrics:

@@ -21,7 +21,8 @@ whose size does not depend on the number of ranks ``W``:
   equals round A's maximum send their value (rank), the others ``-0.0``, with
   their count: one such rank gives the value exactly; ``across`` sums, and the
   ``first`` value from the holder of round A; which layout names some rank holds
-  (only when no rank holds them all), as counts packed in base ``W + 1``.
+  (only when no rank holds them all), as counts packed in base ``W + 1``: the
+  sync's result and the layout's retirement (:mod:`metricsync._retire`) use them.
 - **round C**, only when two ranks tie on a ``last`` time with different values,
   or on an ``argrank`` extreme: one small ``MAX`` of the tied positions.
 
@@ -190,7 +191,7 @@ class Head(NamedTuple):
     flags: int  # the OR of every rank's flags
     clash: int  # the largest clash word
     blob: int  # the largest new-entries size
-    tags: list[int]  # the tags of ranks 0..7 (-1 past the group)
+    tags: list[int]  # the tags of ranks 0..7 (those in the group)
 
 
 class Reduced:
@@ -213,6 +214,7 @@ class Reduced:
         words[:8] = [magic, -magic, seq, -seq, fp, -fp, tag, -tag]
         words[8:14] = [(flags >> b) & 1 for b in range(6)]
         words[14:16] = [clash, blob]
+        words[16:] = NONE  # ranks 0..7's tags (a blocking sync's is negative)
         if self.rank < 8:
             words[16 + self.rank] = tag
         if data is None:

@@ -210,6 +210,38 @@ class Layout:
         out._derive(np.insert(ids, at, new_ids).astype(np.intp), kinds)
         return out
 
+    def without(self, drop: np.ndarray) -> Layout:
+        """This layout less the positions ``drop`` marks (names no rank holds any more).
+
+        The fingerprint chains this one's with the dropped positions, so every rank
+        dropping the same positions of the same layout agrees without re-encoding it.
+
+        >>> from metricsync._spec import Spec
+        >>> old = Layout([("a", Spec()), ("b", Spec("max")), ("c", Spec())])
+        >>> new = old.without(np.array([False, True, False]))
+        >>> new.names, new.specs, new.fingerprint != old.fingerprint
+        (['a', 'c'], [Spec('mean'), Spec('mean')], True)
+        """
+        keep = np.flatnonzero(~drop)
+        if len(keep) == len(self):
+            return self
+        digest = hashlib.blake2b(
+            self.fingerprint.to_bytes(8, "little")
+            + b"without"
+            + np.flatnonzero(drop).astype("<i8").tobytes(),
+            digest_size=8,
+        ).digest()
+        out = Layout.__new__(Layout)
+        out.fingerprint = int.from_bytes(digest, "little") & _MASK62
+        out.grown = None
+        kept = keep.tolist()
+        out.entries = [self.entries[i] for i in kept]
+        out.names = [self.names[i] for i in kept]
+        out.specs = [self.specs[i] for i in kept]
+        ids, kinds = self.kinds
+        out._derive(ids[keep], kinds)
+        return out
+
 
 class Part(NamedTuple):
     """Some of a layout's entries (:meth:`Layout.part`)."""
@@ -250,6 +282,12 @@ class GroupState:
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
     owner: Callable[[], Any] | None = None  # a weak reference to the group object
+    # per position of ``layout`` (that of fingerprint ``held_for``): the last sync number
+    # at which some rank held its name (see metricsync._retire)
+    held_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    held_for: int = EMPTY.fingerprint
+    # the sync number at which each Metrics (its store) last synced here, blocking
+    synced: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary)
 
     def belongs_to(self, group: Any) -> bool:
         """Whether this state is ``group``'s (not a former group's of the same name)."""

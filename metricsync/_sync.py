@@ -2,7 +2,8 @@
 
 A steady sync is **one** gather (see :mod:`metricsync._comm`): each rank sends a small header
 (protocol, sync number, fingerprint of the group's agreed layout, flags, and
-for an async sync a tag naming the ``Metrics``: see :mod:`metricsync._async`)
+a tag naming the ``Metrics``: where it last synced on the group, see
+:func:`_owner_tag` and :mod:`metricsync._async`)
 and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
 every rank's state with the merge algebra, so the result is what ``merge``
 would give, identical on every rank. Quantile metrics send the sketch cells
@@ -16,9 +17,16 @@ pickle) in place of its state, which cannot be packed in that layout. When
 every rank's new entries fit in the room a state takes, that one gather
 carried them; else every rank sends them in a gather of bytes. The layout
 grows by them and the state gather runs again: two collectives (three when
-the entries did not fit), and the next sync is steady again. A name with different specs on two ranks (or declared differently by
+the entries did not fit), and the next sync is steady again. Names no rank
+has held for a number of syncs leave the layout on every rank after the same
+sync, with no collective of their own (:mod:`metricsync._retire`). A name with different specs on two ranks (or declared differently by
 a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
 device data raises on every rank too.
+
+A large group takes the reduce path instead (:func:`_agree_and_reduce`,
+:mod:`metricsync._allreduce`, chosen by ``choose``): the same header words,
+tag included, in its first reduction, the same errors on every rank, and the
+same retirement of names, from the held counts its second reduction carries.
 
 Every ``Metrics`` synced on a group shares its layout. A small one synced in turn
 with a large one packs room for the large one's names, and must check each of
@@ -56,6 +64,7 @@ from ._errors import SpecMismatchError, SyncError, with_device_error
 from ._group import comm_device, group_facts, sync_target
 from ._layout import (
     NO_WINDOW,
+    GroupState,
     Layout,
     Placement,
     decode_entries,
@@ -72,6 +81,7 @@ from ._reduce import (
     widened,
     within_windows,
 )
+from ._retire import settle
 from ._rules import SpecTable
 from ._spec import Spec
 from ._store import Store
@@ -96,7 +106,7 @@ def sync(
     with store.lock:  # a device error is reported after the header gather, on every rank
         table, error = with_device_error(store.folded, lambda: store.folded(devices=False))
         rules = store.rules.copy()
-    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds)))
+    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds, owner=store)))
 
 
 def sync_table(
@@ -108,13 +118,16 @@ def sync_table(
     timeout: float | None,
     tag: int = 0,
     poll: bool = True,
+    owner: object = None,
 ) -> StateTable:
     """The merge of ``table`` over every rank of ``group`` (see the module docstring).
 
-    ``tag`` identifies the sync among a group's async syncs (0 for blocking
-    ones; see :mod:`metricsync._async`): ranks whose tags differ raise
-    ``SyncError``, since they are merging different ``Metrics``. ``poll``: whether host
-    collectives are polled before the wait blocks (see :mod:`metricsync._comm`).
+    ``tag`` identifies the sync's ``Metrics`` among a group's async syncs (see
+    :mod:`metricsync._async`); a blocking sync passes its store as ``owner``
+    instead, and its tag says where that store last synced on the group
+    (:func:`_owner_tag`). Ranks whose tags differ raise ``SyncError``, since they
+    are merging different ``Metrics``. ``poll``: whether host collectives are
+    polled before the wait blocks (see :mod:`metricsync._comm`).
     """
     facts = group_facts(dist, group)
     state = group_state(facts.key, group)
@@ -132,14 +145,15 @@ def sync_table(
     gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
     comm = Comm(dist, group, deadline, state, comm_device(dist, group), gloo, poll)
     try:
+        tag = tag if owner is None else _owner_tag(state, owner)
         # the path: one gather, or reductions whose size does not grow with the group
         reduce = choose(facts.world, state.layout, state.windows)
         run = _agree_and_reduce if reduce else _agree_and_merge
         result = run(comm, dist, group, table, rules, error, tag)
-        state.seq += 1
+        _count(state, owner)
         return result
     except (SpecMismatchError, _Agreed) as exc:  # every rank raises the same, in step
-        state.seq += 1
+        _count(state, owner)
         if isinstance(exc, _Agreed):
             raise exc.error from None
         raise
@@ -151,6 +165,23 @@ def sync_table(
         raise
     finally:
         state.lock.release()
+
+
+def _owner_tag(state: GroupState, owner: object) -> int:
+    """The tag of a blocking sync of ``owner``: -1 for its first sync on the group, else
+    -2 less the sync number of its last one (negative: async tags are positive). Ranks
+    that sync the same ``Metrics`` objects in the same order agree on it; a rank that
+    syncs another ``Metrics`` than its peers, one last synced at another sync number,
+    does not (see :func:`_check_in_step`)."""
+    last = state.synced.get(owner)
+    return -1 if last is None else -2 - last
+
+
+def _count(state: GroupState, owner: object) -> None:
+    """One more sync ran on the group (every rank in step), the last one of ``owner``."""
+    if owner is not None:
+        state.synced[owner] = state.seq
+    state.seq += 1
 
 
 class _Agreed(Exception):
@@ -255,11 +286,11 @@ def _agree_and_merge(
         elif layout.sketch:
             sum_cells(merged, layout, agreed, body[:, layout.data_size :])
         state.windows.update(zip(layout.sketch_entries, agreed))
-        state.layout = layout
-        if not every & _FULL:  # names no rank holds (another Metrics' on this group) stay out
-            held = _held_by_any(gathered[:, HEADER : HEADER + nbits], len(layout))
-            if not held.all():
-                return merged.subset(*layout.part(held))
+        bits = gathered[:, HEADER : HEADER + nbits]
+        held = None if every & _FULL else _held_by_any(bits, len(layout))
+        settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
+        if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
+            return merged.subset(*layout.part(held))
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
 
@@ -276,13 +307,22 @@ def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
             "interleaved with other collectives on this group); create a new process group"
         )
     if not (heads[:, 6] == mine[6]).all():  # same sync number, different Metrics
+        raise _out_of_order(comm, heads[:8, 6].tolist(), mine)
+
+
+def _out_of_order(comm: Comm, tags: list[int], mine: np.ndarray) -> SyncError:
+    """The error of a sync whose ranks' tags differ (ranks 0..7's ``tags``): they are
+    merging different ``Metrics``. An async one leaves the group out of step."""
+    seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(tags))
+    blocking = mine[6] < 0  # see _owner_tag
+    if not blocking:  # queued async syncs stay in another order: the group is out of step
         comm.state.broken = "ranks started their async syncs in a different order"
-        seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(heads[:8, 6]))
-        raise SyncError(
-            f"metricsync sync: ranks started their async syncs on this group in a different "
-            f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
-            "must start them in the same order, with the same Metrics objects"
-        )
+    kind = "blocking" if blocking else "async"
+    return SyncError(
+        f"metricsync sync: ranks started their {kind} syncs on this group in a different "
+        f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
+        "must start them in the same order, with the same Metrics objects"
+    )
 
 
 def _held_by_any(bits: np.ndarray, k: int) -> np.ndarray:
@@ -388,16 +428,17 @@ def _extend(blobs: np.ndarray, sizes: list[int], layout: Layout) -> Layout:
 
 
 def describe_tag(tag: int) -> str:
-    """What a sync's tag says, for error messages.
+    """What a sync's tag says, for error messages (blocking syncs' tags are negative).
 
-    >>> describe_tag(0), describe_tag(1), describe_tag(5)
-    ('a blocking sync', 'the first async sync of its Metrics', 'a Metrics last synced at #3')
+    >>> describe_tag(1), describe_tag(5)
+    ('the first async sync of its Metrics', 'a Metrics last synced at #3')
+    >>> describe_tag(-1), describe_tag(-5)
+    ('the first blocking sync of its Metrics', 'a Metrics last synced at #3')
     """
-    if tag == 0:
-        return "a blocking sync"
-    if tag == 1:
-        return "the first async sync of its Metrics"
-    return f"a Metrics last synced at #{tag - 2}"
+    kind = "blocking" if tag < 0 else "async"
+    if abs(tag) <= 1:
+        return f"the first {kind} sync of its Metrics" if tag else "a blocking sync"
+    return f"a Metrics last synced at #{abs(tag) - 2}"
 
 
 # ---------------------------------------------------------------- the reduce path
@@ -472,8 +513,9 @@ def _agree_and_reduce(
             if len(clashes):
                 _raise_conflict(rules, table, layout, int(clashes[0]))
         state.windows.update(zip(layout.sketch_entries, agreed))
-        state.layout = layout
-        if held is not None and not held.all():
+        # round B summed the held bits unless some rank holds every name (_FULL): exact
+        settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
+        if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
             return merged.subset(*layout.part(held))
         return merged
     raise AssertionError("unreachable: the second attempt returns or raises")
@@ -490,13 +532,7 @@ def _check_reduced(comm: Comm, got: Any, mine: np.ndarray) -> None:
             "metricsync sync: the ranks are out of step (a different number of syncs, or syncs "
             "interleaved with other collectives on this group); create a new process group"
         )
-    comm.state.broken = "ranks started their async syncs in a different order"
-    seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(got.tags))
-    raise SyncError(
-        f"metricsync sync: ranks started their async syncs on this group in a different "
-        f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
-        "must start them in the same order, with the same Metrics objects"
-    )
+    raise _out_of_order(comm, got.tags, mine)
 
 
 def _gather_sized(

@@ -4,6 +4,9 @@
   but never syncing again) and a Tracker left open exits by itself, with
   status 0, after the bounded waits of ``EXIT_WAIT`` seconds; the step it
   could not write is named in a warning.
+- A rank that leaves with an async sync it never waited for (no Tracker, its
+  peer alive but never syncing again) exits by itself within ``EXIT_WAIT``,
+  whether the sync's own timeout is 600 s or none.
 - A rank killed (SIGKILL) right after ``tracker.flush()`` returned leaves
   every step logged before it complete in the JSONL log, in order.
 - A process that destroys its process groups and initializes new ones gets a
@@ -54,6 +57,17 @@ tracker.log(m.sync(async_op=True), step=1)  # no timeout: it would wait for ever
 print("leaving", flush=True)
 """
 
+LEAVE_UNWAITED = r"""
+m = ms.Metrics()
+m.record("x", 1.0)
+m.sync(timeout=60, async_op=True).wait()  # both ranks: the bookkeeping group exists
+if rank == 1:
+    time.sleep(600)  # alive, and never syncs again
+timeout = None if run_dir == "none" else float(run_dir)
+handle = m.sync(timeout=timeout, async_op=True)  # never waited for, and its peer never joins
+print("leaving", flush=True)
+"""
+
 KILLED_AFTER_FLUSH = r"""
 m = ms.Metrics()
 tracker = ms.Tracker("jsonl", run_dir=run_dir)
@@ -101,6 +115,23 @@ def test_a_rank_leaving_with_a_pending_sync_exits_on_its_own(tmp_path: Path) -> 
         assert procs[0].returncode == 0, err
         assert "leaving" in out
         assert "steps [1] were not written" in err, err
+        assert procs[1].poll() is None  # its peer was alive all along
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("timeout", ["none", "600"])
+def test_a_rank_leaving_an_unwaited_sync_exits_within_the_exit_wait(timeout: str) -> None:
+    """No Tracker: the worker's sync, stuck in its gather, gets ``EXIT_WAIT`` seconds at
+    exit, not its own timeout (600 s, or none): a 90 s hang detector tells the two apart."""
+    port = free_port()
+    procs = [_start(LEAVE_UNWAITED, rank, 2, port, Path(timeout)) for rank in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=90)  # a hang would never end
+        assert procs[0].returncode == 0, err
+        assert "leaving" in out
         assert procs[1].poll() is None  # its peer was alive all along
     finally:
         for proc in procs:
