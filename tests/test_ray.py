@@ -261,6 +261,7 @@ def test_collect_timeout_raises_sync_error(cluster: Any) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # gloo groups inside Ray actors: make test-slow (CI) runs it
 def test_dp_groups_inside_ray_sync_then_merge(cluster: Any) -> None:
     pytest.importorskip("metricsync._sync")
     pytest.importorskip("torch.distributed")

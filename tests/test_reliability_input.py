@@ -362,6 +362,7 @@ def test_tables_of_the_same_globs_with_other_specs_resolve_apart() -> None:
         assert one.resolve("u/x") == two.resolve("t/x") == ms.Spec("sum")
 
 
+@pytest.mark.slow  # a large count of names: make test-slow (CI) runs it
 def test_many_names_against_many_globs_is_not_quadratic() -> None:
     n = 2000
     rules = {f"g{i}/*": ms.Spec("max") for i in range(n)}

@@ -106,7 +106,9 @@ def brute_force(batch: Any) -> dict[str, float]:
     return {key: float(value) for key, value in want.items()}
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["dp2", "dp2xtp2"])
+@pytest.mark.parametrize(
+    "tp", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["dp2", "dp2xtp2"]
+)  # the 2 x 2 mesh starts 4 more workers: make test-slow (CI) runs it
 def test_every_logged_key_is_the_brute_force_number(
     cluster: None,
     tp: int,

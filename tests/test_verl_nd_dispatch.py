@@ -51,7 +51,8 @@ from verl.single_controller.ray import (  # noqa: E402
     RayWorkerGroup,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]  # 4 workers start on a busy CPU
+# 4 workers start on a busy CPU; minutes: make test-slow (CI) runs it
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 DP, TP = 2, 2
 SPLITS = {"equal": [[2, 2], [2, 2]], "uneven": [[1, 3], [3, 2]]}  # [DP rank][mini-batch]
 SEEDS = [11, 12]  # per DP rank

@@ -9,6 +9,7 @@ import numpy as np
 
 import metricsync as ms
 
+from .. import _convert
 from ._aggregation import SPECS, AggregationType, aggregation_type
 from ._mixed import MixedMetricError, is_switched, is_verl_metric, refuse_verl_metric
 
@@ -192,6 +193,8 @@ class Metric:
                 f"Unsupported value type: {type(value).__name__} (expected a real number, "
                 "a numpy array or a torch tensor)"
             )
+        if _on_accelerator(value):  # verl reads the value at append (.item()): keep it
+            value = value.detach().clone()
         try:
             self._store.record(_NAME, value, weight=weight)
         except TypeError as exc:
@@ -517,6 +520,14 @@ def summary(metric: Metric) -> tuple[float, float] | None:
     if _NAME not in computed:
         return None
     return (computed[_NAME], 1.0)
+
+
+def _on_accelerator(value: Any) -> bool:
+    """A torch tensor outside host memory: metricsync keeps a reference to it until a fold."""
+    device = getattr(value, "device", None)
+    return _convert.is_torch(value) and getattr(device, "type", "cpu") not in (
+        _convert.HOST_DEVICE_TYPES
+    )
 
 
 def from_summary(aggregation: AggregationType, value: float | None, weight: float) -> Metric:
