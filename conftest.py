@@ -10,12 +10,19 @@ that backend). With everything installed, nothing here changes a run.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+
+# Console widths come from $COLUMNS when it is set (else a pipe is not wrapped); pytest's
+# xdist workers inherit one from the controller's terminal, so the tests that print a
+# table or a console line would wrap there and not in a plain run. Tests that need a
+# width set it themselves.
+os.environ.pop("COLUMNS", None)
 
 NEEDS_AT_IMPORT = {
     "metricsync/_device.py": "torch",

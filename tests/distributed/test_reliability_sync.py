@@ -229,8 +229,8 @@ def _phases(rank: int, world: int, port: int) -> dict[str, Any]:
 
 @pytest.fixture(
     scope="module",
-    params=[(2, "gather"), (3, "gather"), (3, "reduce")],
-    ids=lambda p: f"{p[0]} ranks, {p[1]}",
+    params=[(2, "gather"), (3, "gather"), pytest.param((3, "reduce"), marks=pytest.mark.slow)],
+    ids=lambda p: f"{p[0]} ranks, {p[1]}",  # the reduce path's phases: make test-slow
 )
 def phases(request: pytest.FixtureRequest) -> tuple[int, list[Any]]:
     world, path = request.param
