@@ -33,7 +33,7 @@ test: $(VENV)/.test-installed
 # a clean venv, ...) and the numpy-only tests on Python 3.10, 3.12 and 3.13.
 test-slow: $(VENV)/.test-installed
 	@echo "make test-slow: the slow cases, then the tests that need no torch on other Pythons"
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m slow
 	$(MAKE) --no-print-directory test-matrix
 
 test-all: test test-slow

@@ -31,7 +31,8 @@ pytest.importorskip("torch")
 from metricsync._logread import read_jsonl
 from metricsync.testing import free_port
 
-pytestmark = pytest.mark.distributed
+# ranks that die, hang or time out: minutes of waiting, so make test-slow (CI) runs them
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 PREAMBLE = r"""
 import os, sys, time

@@ -45,7 +45,8 @@ import torch.distributed as dist  # noqa: E402
 import metricsync as ms  # noqa: E402
 from metricsync.testing import RankFailure, run_distributed  # noqa: E402
 
-pytestmark = pytest.mark.distributed
+# ranks that die, hang or time out: minutes of waiting, so make test-slow (CI) runs them
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TIMEOUT = 4.0  # seconds each sync may wait for a missing rank
 SLACK = 6.0  # what a SyncError may take beyond TIMEOUT

@@ -44,7 +44,8 @@ import metricsync as ms  # noqa: E402
 from metricsync._allreduce import ENV  # noqa: E402
 from metricsync.testing import RankFailure, free_port, run_distributed  # noqa: E402
 
-pytestmark = pytest.mark.distributed
+# ranks that die, hang or time out: minutes of waiting, so make test-slow (CI) runs them
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 LATE = 3.0  # how late the last rank arrives in phase 4
 SLOW = 3.5  # how late the slow rank is into each collective in phase 6
