@@ -504,3 +504,29 @@ def test_a_huge_or_fractional_drop_or_rank_count_raises_and_merges_never_overflo
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ms.merge([ms.Metrics.from_bytes(blob), ms.Metrics.from_bytes(blob)]).compute()
+
+
+# Written by metricsync at 3ca339d (format version 2): Metrics(); record("loss", 2.0, weight=0.5)
+V2_WEIGHTED_MEAN = bytes.fromhex(
+    "4d53594e020000006500000040000000000000007b2272756c6573223a5b5d2c22736c6f7473223a5b5b22"
+    "6c6f7373222c225b5b5c226d65616e5c225d2c5c2265786163745c222c6e756c6c2c5c2270726f706167"
+    "6174655c222c302e30315d225d5d2c22736b65746368223a5b5d2c22616767223a5b5d7d000000000000"
+    "e03f000000000000f03f000000000000f0ff000000000000f0ff000000000000f0ff0000000000000000"
+    "00000000000000000000000000000000850e11f1"
+)
+
+
+def test_a_version_2_blob_of_a_fractional_weight_total_decodes() -> None:
+    """A version-2 blob (read "as unit weights", N = W) whose weight total is fractional
+    is refused as a 'fractional count': an old checkpoint / Ray payload of a plain
+    weighted mean no longer loads. 3ca339d decoded it to {'loss': 2.0}."""
+    assert ms.Metrics.from_bytes(V2_WEIGHTED_MEAN).compute() == {"loss": 2.0}
+
+
+def test_a_version_2_blob_loads_through_state_dict_and_pickle() -> None:
+    m = ms.Metrics()
+    m.load_state_dict({"metricsync": 1, "data": V2_WEIGHTED_MEAN})
+    assert m.compute() == {"loss": 2.0}
+    assert pickle.loads(pickle.dumps(ms.Metrics.from_bytes(V2_WEIGHTED_MEAN))).compute() == {
+        "loss": 2.0
+    }

@@ -271,15 +271,15 @@ def _odd_state_blob() -> bytes:
 
 
 def _expected_to_decode(header: dict[str, Any], body: bytes, offset: int, value: float) -> bool:
-    """The documented policy: weight sums >= 0, sample, dropped and agg rank counts whole
-    numbers from 0 to 2**53, stamps not NaN, a sketch's window whole numbers within its
+    """The documented policy: weight sums and sample counts >= 0 (a version-2 blob's
+    counts are its weights), dropped and agg rank counts whole numbers from 0 to 2**53, stamps not NaN, a sketch's window whole numbers within its
     cells (its count the cells sent)."""
     n = len(header["slots"])
     if offset < n * state.NCOL:
         column = offset % state.NCOL
-        if column in (state.W, state.W2):  # weight sums
+        if column in (state.W, state.N, state.W2):  # weight sums, sample counts
             return value >= 0
-        if column in (state.N, state.DROP):  # sample counts
+        if column == state.DROP:  # dropped samples
             return 0 <= value <= 2**53 and value == math.floor(value)
         if column == state.T:
             return not math.isnan(value)
