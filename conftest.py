@@ -27,6 +27,7 @@ os.environ.pop("COLUMNS", None)
 NEEDS_AT_IMPORT = {
     "metricsync/_device.py": "torch",
     "metricsync/_device_fold.py": "torch",
+    "metricsync/_device_refs.py": "torch",
     "metricsync/integrations/transformers.py": "transformers",
     "metricsync/integrations/accelerate.py": "accelerate",
     "metricsync/integrations/lightning.py": "lightning",
