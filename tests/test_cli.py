@@ -9,21 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import follow, run
 
 from metricsync._tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    return subprocess.run(
-        [sys.executable, "-m", "metricsync", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 class Specs:
@@ -344,13 +334,7 @@ def test_follow_prints_new_steps_until_interrupted(tmp_path: Path) -> None:
 
     with Tracker(run_dir=tmp_path) as tracker:
         tracker.log({"loss": 1.0}, 1)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "metricsync", "show", str(tmp_path), "-f", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = follow(tmp_path)
     try:
         assert child.stdout is not None
         first = [child.stdout.readline() for _ in range(3)]
@@ -437,13 +421,7 @@ def test_follow_prints_a_warning_while_it_runs(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     lines = [f'{{"step": {s}, "data": {{"acc\\ud800": {s}.5}}}}' for s in (1, 2)]
     path.write_text("\n".join(lines) + "\n", encoding="ascii")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "metricsync", "show", str(path), "-f", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = follow(path)
     try:
         assert child.stderr is not None
         ready, _, _ = select.select([child.stderr], [], [], 60)

@@ -6,12 +6,11 @@ subprocess across a rotation.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from _cli import follow
 
 from metricsync._logfollow import LogFollower
 from metricsync._logtail import tail
@@ -101,13 +100,7 @@ def test_a_log_replaced_before_following_starts_is_read_whole(tmp_path: Path) ->
 
 def test_show_follow_shows_the_new_run_after_a_rotation(tmp_path: Path) -> None:
     path = _log(tmp_path, {1: 1.0})
-    child = subprocess.Popen(
-        [sys.executable, "-m", "metricsync", "show", str(tmp_path), "-f", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = follow(tmp_path)
     try:
         assert child.stdout is not None
         first = [child.stdout.readline() for _ in range(3)]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from _cli import run
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -28,17 +27,6 @@ from metricsync._tracker import Tracker
 ROOT = Path(__file__).resolve().parents[1]
 SURROGATE = "acc\ud800/top1"
 ESCAPED = "acc\\ud800/top1"  # the six characters backslash, u, d, 8, 0, 0
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    return subprocess.run(
-        [sys.executable, "-m", "metricsync", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 def _foreign_log(path: Path, key_json: str, steps: int = 3) -> Path:
