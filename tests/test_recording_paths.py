@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
@@ -262,6 +262,7 @@ FORMS = ["number", "list", "numpy", "ints", "tensor", "0-d", "masked"]
     ),
     st.sampled_from([("mean", "min", "max", "count"), ("sum", "std", "p50"), ("mean", "last")]),
 )
+@example([("list", 65, 0), ("number", 1, 0)], ("mean", "min", "max", "count"))
 def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
     records: list[tuple[str, int, int]], stats: tuple[str, ...]
 ) -> None:
@@ -322,12 +323,9 @@ def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
         else:
             assert _close(got[key], float(want[stat]), 1e-9), (key, got[key], want[stat])
     if "last" not in stats:
-        # a list joins the number buffer once the name is open (the lock-free path); as a
-        # name's first record it goes the checked way, as an array of its size does
-        into = [
-            len(k) <= 64 or (f == "list" and i)
-            for i, (k, (f, _, _)) in enumerate(zip(kept, records))
-        ]
+        # a list of any length joins the number buffer, which defining the name opened (the
+        # lock-free path); an array joins it when it holds at most 64 samples
+        into = [len(k) <= 64 or f == "list" for k, (f, _, _) in zip(kept, records)]
         joined = any(len(k) and j for k, j in zip(kept, into))
         listed = any(len(k) and not j for k, j in zip(kept, into))
         assert runs == [int(joined) + int(listed)], (runs, joined, listed)
