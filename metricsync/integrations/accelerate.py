@@ -31,6 +31,7 @@ from typing import Any
 import metricsync as ms
 
 from ._common import missing_extra, scalars
+from ._row import Row
 
 try:
     from accelerate.tracking import GeneralTracker
@@ -58,6 +59,8 @@ class MetricsyncTracker(GeneralTracker):
     to a Tracker made after it as ``config`` (the W&B backend takes it). A
     step of None continues from the last step logged. Values that are not one
     number (accelerate allows strings) are skipped with one warning per key.
+    A dict's keys are logged in its order; a Metrics' in name order (each
+    metric's keys in its spec's order), on one process as on many.
 
     >>> MetricsyncTracker(run_dir="unused").name
     'metricsync'
@@ -110,7 +113,9 @@ class MetricsyncTracker(GeneralTracker):
             step = self._next_step
         self._next_step = int(step) + 1
         if isinstance(values, ms.Metrics):
-            self.tracker.log(values, step=int(step))
+            row = Row()  # name order, as a sync over several processes computes it
+            row.add(values)
+            self.tracker.log(row, step=int(step))
             return
         if not isinstance(values, Mapping):
             raise TypeError(f"expected a dict of numbers or a Metrics, got {type(values).__name__}")

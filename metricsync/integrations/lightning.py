@@ -52,6 +52,7 @@ from typing import Any
 import metricsync as ms
 
 from ._common import missing_extra, scalars
+from ._row import Row
 
 try:
     from lightning.pytorch import Callback, Trainer
@@ -80,14 +81,22 @@ class MetricsyncLogger(Logger):
 
     Values logged with ``self.log`` arrive already reduced by Lightning, with
     the adaptive format; a Metrics synced by :class:`MetricsyncCallback`
-    arrives whole, with its specs' formats. ``log_hyperparams`` keeps the
-    hyperparameters as ``hparams`` and passes them to the Tracker as ``config``
-    (the W&B backend takes it).
+    arrives whole, with its specs' formats, its keys in name order. What is
+    logged at one step makes one row, written at ``save()`` (Lightning calls it
+    after each of its logs, the callback once the trainer has logged the step)
+    or when another step comes: the callback's keys and ``self.log``'s share
+    one console line. ``log_hyperparams`` keeps the hyperparameters as
+    ``hparams`` and passes them to the Tracker as ``config`` (the W&B backend
+    takes it).
 
     >>> import tempfile
     >>> logger = MetricsyncLogger(backends="console", run_dir=tempfile.mkdtemp())
-    >>> logger.log_metrics({"train_loss": 0.25, "epoch": 0.0}, step=5)
-    step 5 | train_loss     0.25  epoch        0
+    >>> synced = ms.Metrics({"err": ms.Spec(("mean", "max"), fmt=".2f")})
+    >>> synced.record("err", [0.5, 1.0])
+    >>> logger.log_metrics(synced, step=5)                           # the callback's
+    >>> logger.log_metrics({"train_loss": 0.25, "epoch": 0.0}, step=5)  # self.log's
+    >>> logger.save()
+    step 5 | err/mean     0.75  err/max     1.00  train_loss     0.25  epoch        0
     >>> logger.finalize("success")
     """
 
@@ -110,6 +119,8 @@ class MetricsyncLogger(Logger):
         self._name = name
         self._version = version if version is not None else 0
         self.hparams: dict[str, Any] = {}
+        self._row: Row | None = None  # the step logged last, until save()
+        self._row_step = 0
 
     @property
     def name(self) -> str:
@@ -145,20 +156,34 @@ class MetricsyncLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
-        """Log a dict of numbers (or a Metrics) at ``step`` (the Tracker's next step when None)."""
+        """Add a dict of numbers (or a Metrics) to the row of ``step`` (the step after the
+        last one when None); the row is written at :meth:`save`, or first when another step,
+        or a key the row holds already, comes."""
         if step is None:
             step = 0 if self._last_step is None else self._last_step + 1
         self._last_step = int(step)
-        if isinstance(metrics, ms.Metrics):
-            self.tracker.log(metrics, step=int(step))
+        part = Row()
+        part.add(metrics if isinstance(metrics, ms.Metrics) else scalars(metrics))
+        if self._row is not None and (self._row_step != int(step) or self._row.shares_keys(part)):
+            self.save()
+        if self._row is None:
+            self._row, self._row_step = part, int(step)
         else:
-            self.tracker.log(scalars(metrics), step=int(step))
+            self._row.extend(part)
 
     _last_step: int | None = None
 
+    def save(self) -> None:
+        """Write the row logged last, if not written yet."""
+        row, self._row = self._row, None
+        if row is not None and len(row):
+            self.tracker.log(row, step=self._row_step)
+
     def finalize(self, status: str) -> None:
-        """Close the Tracker if this logger made it; a later stage (``trainer.validate()``
-        after ``fit()``) makes a new one, which appends to the same run directory."""
+        """Write the last row; close the Tracker if this logger made it (a later stage,
+        ``trainer.validate()`` after ``fit()``, makes a new one, which appends to the same
+        run directory)."""
+        self.save()
         if self._owns_tracker and self._tracker is not None:
             self._tracker.close()
             self._tracker = None
@@ -188,8 +213,10 @@ class MetricsyncCallback(Callback):
         timeout: seconds a sync may take before raising ``metricsync.SyncError``.
 
     Every rank reaches the same optimizer steps in DDP, so every rank syncs at
-    the same steps; only rank 0's Tracker or loggers write. After each sync the
-    Metrics is reset; ``last_values`` holds what was logged last.
+    the same steps; only rank 0's Tracker or loggers write. The keys come in
+    name order (each metric's in its spec's order), on one rank as on many.
+    After each sync the Metrics is reset; ``last_values`` holds what was
+    logged last.
 
     >>> callback = MetricsyncCallback(metrics=ms.Metrics(), every_n_steps=10)
     >>> callback.every_n_steps, callback.last_values
@@ -265,9 +292,11 @@ class MetricsyncCallback(Callback):
             metrics.reset()
 
     def _publish(self, trainer: Any, synced: ms.Metrics, step: int) -> None:
-        self.last_values = synced.compute()
+        row = Row()  # name order, as a sync over several ranks computes it
+        row.add(synced)
+        self.last_values = row.compute()
         if self.tracker is not None:
-            self.tracker.log(synced, step=step)
+            self.tracker.log(row, step=step)
             return
         loggers = list(getattr(trainer, "loggers", None) or ())
         step = _logger_step(trainer, step)  # beside what the module self.logs
@@ -282,10 +311,16 @@ class MetricsyncCallback(Callback):
                 )
             return
         for logger in loggers:
-            if isinstance(logger, MetricsyncLogger):
+            if isinstance(logger, MetricsyncLogger):  # joined by self.log's keys of this step
                 logger.log_metrics(synced, step=step)
             else:
                 logger.log_metrics(dict(self.last_values), step=step)
+
+    def _save_rows(self, trainer: Any) -> None:
+        """Write the rows a MetricsyncLogger still holds: the trainer has logged their step."""
+        for logger in getattr(trainer, "loggers", None) or ():
+            if isinstance(logger, MetricsyncLogger):
+                logger.save()
 
     def _flush(self, trainer: Any, pl_module: Any) -> None:
         step = int(trainer.global_step)
@@ -297,6 +332,12 @@ class MetricsyncCallback(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         """Check, before the first step, that the training Metrics can be found."""
         self._train_metrics(pl_module)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Write the row of the previous step, if the trainer logged nothing at it."""
+        self._save_rows(trainer)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -311,6 +352,19 @@ class MetricsyncCallback(Callback):
         """Log what the steps since the last sync recorded."""
         if int(trainer.global_step) != self._last_step:
             self._flush(trainer, pl_module)
+        self._save_rows(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        """Write the row of the epoch's last step."""
+        self._save_rows(trainer)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: Any) -> None:
+        """Write the row of the last training step before validation's."""
+        self._save_rows(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
+        """Write validation's row (the trainer has logged its own values of it)."""
+        self._save_rows(trainer)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
         """Sync and log the validation Metrics (dropped during the sanity check)."""

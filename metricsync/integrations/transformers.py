@@ -36,6 +36,7 @@ from typing import Any
 import metricsync as ms
 
 from ._common import missing_extra, scalars
+from ._row import Row
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState
@@ -70,45 +71,6 @@ class _SilentPrinter(PrinterCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if logs is not None:
             logs.pop("total_flos", None)
-
-
-class _Ordered:
-    """A synced Metrics as a Tracker reads it, its values in the callback's key order."""
-
-    def __init__(self, synced: ms.Metrics, values: dict[str, float]) -> None:
-        self.synced, self.values = synced, values
-
-    def compute(self) -> dict[str, float]:
-        return dict(self.values)
-
-    def key_formats(self) -> dict[str, str | None]:
-        formats = self.synced.key_formats()
-        return {key: formats.get(key) for key in self.values}
-
-    def histograms(self) -> dict[str, ms.Histogram]:
-        return self.synced.histograms()
-
-
-def _in_log_order(synced: ms.Metrics, logged: Mapping[str, Any]) -> dict[str, float]:
-    """``synced``'s values: the trainer's keys in the trainer's order, then each other
-    metric's keys (in its spec's order), metrics sorted by name.
-
-    The order is the same on one rank and on many, whatever order the sync returns.
-
-    >>> m = ms.Metrics({"r": ms.Spec(("mean", "max"))})
-    >>> m.update({"z": 1.0, "loss": 2.0, "r": 3.0, "epoch": 4.0})
-    >>> list(_in_log_order(m, {"loss": 0, "epoch": 0}))
-    ['loss', 'epoch', 'r/mean', 'r/max', 'z']
-    """
-    values = synced.compute()
-    ordered = {key: values[key] for key in logged if key in values}
-    for name in sorted(synced.names):
-        spec = synced.spec(name)
-        for key in (*spec.output_keys(name), *spec.extra_keys(name)):
-            if key in values and key not in ordered:
-                ordered[key] = values[key]
-    ordered.update((key, values[key]) for key in sorted(values) if key not in ordered)
-    return ordered
 
 
 class MetricsyncCallback(TrainerCallback):
@@ -244,8 +206,9 @@ class MetricsyncCallback(TrainerCallback):
         if logs is None:
             logs = {}
         numbers = scalars(logs)
-        synced = self.sync(numbers)
-        values = _in_log_order(synced, numbers)
+        row = Row()  # the trainer's keys first, then the synced ones in name order
+        row.add(self.sync(numbers), first=numbers)
+        values = row.compute()
         self.last_values = values
         if self.tracker is not None:
             if self._prints_to_console() and not self._attached and not self._warned_console:
@@ -255,8 +218,7 @@ class MetricsyncCallback(TrainerCallback):
                     "each log is printed once, by metricsync's console",
                     stacklevel=2,
                 )
-            ordered = _Ordered(synced, values)
-            self.tracker.log(ordered, step=int(state.global_step))
+            self.tracker.log(row, step=int(state.global_step))
         if self.update_logs:
             for key, value in values.items():
                 if key not in numbers or numbers[key] != value:

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 
 import metricsync as ms
 from metricsync.integrations.accelerate import MetricsyncTracker, register
+from metricsync.testing import run_distributed
 
 from ._collect import Collect
 
@@ -77,3 +78,88 @@ def _tb_scalars(run: str, key: str) -> list[tuple[int, float]]:
     events = EventAccumulator(run)
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(key)]
+
+
+def _record(metrics: ms.Metrics, rank: int) -> None:
+    for name in ("zeta", "alpha", "len"):  # recorded out of name order
+        metrics.record(name, [1.0 + rank, 2.0])
+
+
+# The order a sync over several processes computes: metrics by name, each one's keys in its spec's.
+NAME_ORDER = ["alpha", "len/mean", "len/max", "zeta"]
+
+
+def _logged_orders(rank: int, world: int, tmp: str, log_dict: bool) -> list[list[str]]:
+    """The key order of each row a real Accelerator logs, on ``world`` processes."""
+    import os
+
+    if world > 1:  # the process group run_distributed made: accelerate takes it as it is
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="29500",  # unused: the group already exists
+        )
+    collect = Collect()
+    tracker = MetricsyncTracker(tracker=ms.Tracker(collect, run_dir=f"{tmp}/rank{rank}"))
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    assert accelerator.num_processes == world
+    accelerator.init_trackers("proj")
+    metrics = ms.Metrics({"len": ms.Spec(("mean", "max"))})
+    for step in (1, 2):
+        _record(metrics, rank)
+        synced = metrics.sync()
+        metrics.reset()
+        accelerator.log(synced.compute() if log_dict else synced, step=step)
+    accelerator.end_training()
+    return [list(values) for _, values, _ in collect.rows]
+
+
+def test_a_metrics_is_logged_in_the_same_key_order_on_one_process_and_on_two(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    # before: the order recorded in (zeta, alpha, len) on one process, name order on two
+    assert _logged_orders(0, 1, str(tmp_path), False) == [NAME_ORDER, NAME_ORDER]
+    on_two = run_distributed(_logged_orders, 2, args=(str(tmp_path), False), timeout=120)
+    assert on_two == [[NAME_ORDER, NAME_ORDER], []]  # accelerate logs on the main process only
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs Metrics.sync() without a process group to compute keys in name order, as a "
+    "sync over several processes does (another change); remove this mark once it is merged",
+)
+def test_a_synced_dict_is_logged_in_the_same_key_order_on_one_process_and_on_two(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    # accelerator.log(metrics.sync().compute()): the tracker logs a dict in its own order, so
+    # this depends on the order Metrics.sync() computes, which is name order on two processes
+    # and, until that change, the recorded order on one.
+    on_two = run_distributed(_logged_orders, 2, args=(str(tmp_path), True), timeout=120)
+    assert on_two == [[NAME_ORDER, NAME_ORDER], []]
+    assert _logged_orders(0, 1, str(tmp_path), True) == [NAME_ORDER, NAME_ORDER]
+
+
+def test_one_console_line_per_log_and_names_unprefixed_beside_accelerates_tensorboard(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracker = MetricsyncTracker(backends="console", run_dir=tmp_path / "run")
+    accelerator = Accelerator(cpu=True, log_with=[tracker, "tensorboard"], project_dir=tmp_path)
+    accelerator.init_trackers("proj", config={"lr": 3e-4})
+    for step in (1, 2, 3):
+        accelerator.log({"train/loss": 1.0 / step, "val/loss": 2.0 / step, "lr": 3e-4}, step=step)
+    accelerator.end_training()
+    out = capsys.readouterr().out
+    heads = [line.split("|")[0].strip() for line in out.splitlines() if line.startswith("step ")]
+    assert heads == ["step 1", "step 2", "step 3"]
+    printed = {word for line in out.splitlines() for word in line.split("|")[-1].split()}
+    assert {"train/loss", "val/loss", "lr"} <= printed
+    assert not any(word.count("/") > 1 for word in printed)
+    tb_dir = next(p.parent for p in (tmp_path / "proj").rglob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb_dir))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/loss", "val/loss", "lr"}

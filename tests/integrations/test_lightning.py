@@ -29,6 +29,15 @@ from ._collect import Collect  # noqa: E402
 
 KEYS = 12  # per-step keys besides the two below
 
+# The order a sync over several ranks computes: metrics by name, each one's keys in its spec's.
+NAME_ORDER = [
+    "abs_err/mean",
+    "abs_err/max",
+    "abs_err/p90",
+    *(f"k/{k}" for k in sorted(str(k) for k in range(KEYS))),
+    "samples",
+]
+
 
 class Tiny(pl.LightningModule):
     """A linear regression that records its errors, its batch sizes and KEYS more keys."""
@@ -252,6 +261,7 @@ def test_ddp_one_packed_sync_per_step(tmp_path: pytest.TempPathFactory) -> None:
         _check_window(values, union)
         assert values["samples"] == 8.0
         assert values["k/3"] == 3.0 + 1.0  # max over ranks of k + rank
+        assert list(values) == NAME_ORDER  # as on one rank (test_keys_are_logged_in_name_order...)
     # KEYS + 2 metrics synced in one gather per step after the first, which agrees on a layout (two
     # when a quantile metric's samples leave the sketch cells agreed so far); Lightning's
     # sync_dist=True costs one per key.
@@ -294,3 +304,131 @@ def test_callback_rows_and_self_log_rows_share_the_loggers_steps(
     # lower step for a resumed run and kept the self.log rows only
     assert [step for step, _ in rows] == [1, 3]
     assert all("abs_err/mean" in values and "from_self_log" in values for _, values in rows)
+
+
+def test_keys_are_logged_in_name_order_on_one_rank(tmp_path: pytest.TempPathFactory) -> None:
+    collect = Collect()
+    with ms.Tracker(collect, run_dir=tmp_path / "run") as tracker:
+        callback = MetricsyncCallback(tracker=tracker)
+        _trainer(str(tmp_path), [callback]).fit(Tiny(), _loader())
+    # before: the order the module recorded in (abs_err, samples, k/0 ... k/11) on one rank,
+    # name order on two (test_ddp_one_packed_sync_per_step checks that side)
+    assert [list(values) for _, values, _ in collect.rows] == [NAME_ORDER] * 4
+    assert list(callback.last_values) == NAME_ORDER
+
+
+class LoggedBoth(Tiny):
+    """Tiny, also logging with ``self.log`` in training and in validation."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.log("from_self_log", float(batch_idx))
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val_self_log", 1.0)
+        super().validation_step(batch, batch_idx)
+
+
+def _console_blocks(out: str) -> list[tuple[str, str]]:
+    """(``step N``, the keys' text) of each step the console printed, with its wrapped lines."""
+    blocks: list[tuple[str, str]] = []
+    for line in out.splitlines():
+        head, sep, rest = line.partition("|")
+        if sep and head.startswith("step "):
+            blocks.append((head.strip(), rest))
+        elif sep and not head.strip() and blocks:  # a continuation line
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + rest)
+    return blocks
+
+
+def test_the_callbacks_keys_and_self_logs_share_one_console_line_per_log(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logger = MetricsyncLogger(backends="console", run_dir=str(tmp_path / "ms"))
+    trainer = _trainer(
+        str(tmp_path),
+        [MetricsyncCallback()],
+        logger=logger,
+        val_check_interval=2,
+        limit_val_batches=1,
+    )
+    trainer.fit(LoggedBoth(), _loader(n=16), _loader(n=8, seed=1))
+    blocks = _console_blocks(capsys.readouterr().out)
+    # before: each step printed twice, the callback's keys and self.log's on lines of their own
+    assert [head for head, _ in blocks] == [
+        "step 0",
+        "step 1",
+        "step 1",  # validation, after step 1's training line
+        "step 2",
+        "step 3",
+        "step 3",
+    ]
+    for i, (_, keys) in enumerate(blocks):
+        if i in (2, 5):
+            assert "val_abs_err/mean" in keys and "val_self_log" in keys, keys
+            assert "abs_err/mean" not in keys.replace("val_abs_err", "")
+        else:
+            assert "abs_err/mean" in keys and "from_self_log" in keys and "k/11" in keys, keys
+
+
+class Prefixed(pl.LightningModule):
+    """Names with ``train/`` and ``val/`` prefixes, recorded and ``self.log``-ged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 1)
+        self.metrics = ms.Metrics({"train/err": ms.Spec(("mean", "max"))})
+        self.val_metrics = ms.Metrics({"val/err": ms.Spec("mean")})
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        err = self.layer(x).squeeze(-1) - y
+        self.metrics.record("train/err", err.detach().abs())
+        self.log("train/mse", (err**2).mean())
+        return (err**2).mean()
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.val_metrics.record("val/err", (self.layer(x).squeeze(-1) - y).abs())
+        self.log("val/seen", 1.0)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+@pytest.mark.parametrize("tracker", [False, True], ids=["to-loggers", "to-tracker"])
+def test_names_reach_lightnings_loggers_and_the_console_unprefixed(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], tracker: bool
+) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    csv_logger = CSVLogger(str(tmp_path), name="csv", version=0)
+    tb_logger = TensorBoardLogger(str(tmp_path), name="tb", version=0)
+    console = ms.Tracker("console", run_dir=tmp_path / "ms") if tracker else None
+    trainer = _trainer(
+        str(tmp_path),
+        [MetricsyncCallback(tracker=console)],
+        logger=[csv_logger, tb_logger],
+        val_check_interval=2,
+        limit_val_batches=1,
+    )
+    trainer.fit(Prefixed(), _loader(n=16), _loader(n=8, seed=1))
+    if console is not None:
+        console.close()
+    ours = {"train/err/mean", "train/err/max", "val/err"}
+    lightnings = {"train/mse", "val/seen", "epoch"}
+    expected = lightnings if tracker else ours | lightnings
+    with open(os.path.join(csv_logger.log_dir, "metrics.csv")) as f:
+        assert set(next(csv.reader(f))) - {"step"} == expected
+    events = EventAccumulator(tb_logger.log_dir)
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == expected
+    blocks = _console_blocks(capsys.readouterr().out)
+    if tracker:  # one line per log: 4 training steps, 2 validations
+        assert [head for head, _ in blocks] == [f"step {s}" for s in (1, 2, 2, 3, 4, 4)]
+        printed = {word for _, keys in blocks for word in keys.split() if "/" in word}
+        assert printed == ours
+    else:
+        assert blocks == []
