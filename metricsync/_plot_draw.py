@@ -39,6 +39,8 @@ DRAW_LIMIT = 1e300
 """Values beyond +-1e300 are marked as not drawn, like NaN: an axis spanning them overflows."""
 TITLE_CHARS = 60  # a longer panel title is cut in its middle
 _LONE = Style("-", None)  # a panel of one metric
+DOTTED_POINTS = 50
+"""A curve of at most this many points, of a style with no marker, has a dot on each."""
 
 
 def _imports() -> Any:
@@ -66,18 +68,20 @@ def _curve(
     width: float = 1.3,
     raw_alpha: float = 0.25,
     gid: str | None = None,
-) -> None:
-    """One curve, downsampled; with ``smooth`` the EMA over the faint raw curve.
+) -> Any:
+    """One curve, downsampled; with ``smooth`` the EMA over the faint raw curve. Returns
+    the marker drawn (what the panel's legend shows).
 
     The style's marker sits on about :data:`~metricsync._plot_styles.MARKS`
-    points spread along the curve; a curve of at most 50 points without one
-    marks each point with a dot.
+    points spread along the curve; a curve of at most :data:`DOTTED_POINTS`
+    points without one marks each point with a dot.
     """
+    marker = style.marker if style.marker is not None else "." if x.size <= DOTTED_POINTS else None
 
     def marks(points: int) -> dict[str, Any]:
         if style.marker is None:
-            return {"marker": "." if x.size <= 50 else None}
-        return {"marker": style.marker, "markevery": max(1, points // MARKS), "ms": 4}
+            return {"marker": marker}
+        return {"marker": marker, "markevery": max(1, points // MARKS), "ms": 4}
 
     if smooth > 0.0 and x.size > 1:
         rx, ry = envelope(x, y, BINS)
@@ -105,6 +109,7 @@ def _curve(
             gid=gid,
             **marks(ex.size),
         )
+    return marker
 
 
 class _Points:
@@ -171,6 +176,7 @@ def _draw_panel(
     nonfinite: list[np.ndarray] = []
     huge: list[np.ndarray] = []
     handles: dict[str, Any] = {}
+    markers: dict[str, set[Any]] = {}  # each statistic's markers as drawn, over the runs
     fmt = next(
         (run.formats.get(k) for run in runs for k in panel.members.values() if k in run.formats),
         None,
@@ -204,12 +210,18 @@ def _draw_panel(
                 continue
             p, style = points[stat], styles[stat]
             main = stat in ("mean", "last")
-            _curve(ax, p.x, p.y, color, smooth, style=style, width=1.3 if main else 1.0, gid=stat)
-            drawn.append(p.y)
-            handles[stat] = mpl.lines.Line2D(
-                [], [], color="0.3", ls=style.linestyle, marker=style.marker, ms=4, label=stat
+            marker = _curve(
+                ax, p.x, p.y, color, smooth, style=style, width=1.3 if main else 1.0, gid=stat
             )
-    if len(handles) > 1:
+            markers.setdefault(stat, set()).add(marker)
+            drawn.append(p.y)
+    for stat, seen in markers.items():  # dots in the legend only where every run has them
+        style = styles[stat]
+        marker = seen.pop() if len(seen) == 1 else style.marker
+        handles[stat] = mpl.lines.Line2D(
+            [], [], color="0.3", ls=style.linestyle, marker=marker, ms=4, label=stat
+        )
+    if panel.family and handles:  # a band alone is named too
         band_first = ["min-max"] if "min-max" in handles else []
         order = band_first + stat_order([s for s in handles if s != "min-max"])
         ax.legend(

@@ -1,8 +1,10 @@
 """How ``metricsync plot`` tells the statistics of one panel apart: a line style and a marker each.
 
 A panel's color says which run a curve belongs to, so the statistics of one
-metric differ by line style and marker, the same in every panel and run, and
-the panel's legend shows each one in gray:
+metric differ by line style and marker, the same in every run, and the
+panel's legend shows each one in gray, as drawn (a band alone is named too).
+mean, last, min and max look the same in every panel; quantiles take their
+styles in order of q among the panel's own:
 
 =========  ==================  =============================================
 statistic  line                marker
@@ -15,6 +17,8 @@ others     dotted, then solid  pluses, crosses, ... (``std``, ``sum``, ``count``
 =========  ==================  =============================================
 
 Within a panel no two statistics share both their line style and their marker.
+A curve of at most 50 points whose style has no marker is drawn with a dot on
+each point, and so is its legend entry.
 
 >>> styles = stat_styles(["mean", "max", "p99", "p50"])
 >>> [(s, styles[s].linestyle, styles[s].marker) for s in ("mean", "max", "p50", "p99")]

@@ -209,20 +209,14 @@ def _style_of(artist: object) -> tuple[object, object]:
     return artist.get_linestyle(), artist.get_marker()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(
-    "stats",
-    [
-        ["mean", "max", "p50", "p99"],  # issue 47: max and p99 were both dotted, alike
-        ["max", "p50", "p90", "p99"],
-        ["mean", "last", "min", "p1", "p5", "p25", "p50", "p75", "p95", "p99", "p99.9"],
-        ["mean", "min", "max", "p50", "p90"],  # min and max as a band
-    ],
-)
-def test_every_statistic_of_a_family_has_its_own_style(tmp_path: Path, stats: list[str]) -> None:
-    run = _family_log(tmp_path / "a", {s: 1.0 + i for i, s in enumerate(stats)})
-    other = _family_log(tmp_path / "b", {s: 2.0 + i for i, s in enumerate(stats)})
-    runs, keys = load_runs([run, other], None)
-    [ax] = build_figure(runs, keys).get_axes()
+def _check_family_styles(tmp: Path, stats: list[str], steps: int = 80, runs: int = 2) -> None:
+    """Draw the family ``x/<stat>`` of ``runs`` runs; check the panel's legend and artists."""
+    paths = [
+        _family_log(tmp / f"run{r}", {s: 1.0 + r + i for i, s in enumerate(stats)}, steps)
+        for r in range(runs)
+    ]
+    loaded, keys = load_runs(paths, None)
+    [ax] = build_figure(loaded, keys).get_axes()
     legend = ax.get_legend()
     labels = [t.get_text() for t in legend.get_texts()]
     banded = "min" in stats and "max" in stats
@@ -231,14 +225,69 @@ def test_every_statistic_of_a_family_has_its_own_style(tmp_path: Path, stats: li
     handles = {label: h for label, h in zip(labels, legend.legend_handles)}
     keyed = {s: _style_of(handles[s]) for s in lined}
     assert len(set(keyed.values())) == len(lined)  # a reader tells every statistic apart
-    for color in ("C0", "C1"):  # each run's lines: one per statistic, styled as its legend entry
+    colors = [f"C{r}" for r in range(runs)]
+    for color in colors:  # each run's lines: one per statistic, styled as its legend entry
         lines = [line for line in _lines(ax) if line.get_color() == color and line.get_gid()]
         assert sorted(line.get_gid() for line in lines) == sorted(lined)
         for line in lines:
             assert _style_of(line) == keyed[line.get_gid()]
-    assert len({line.get_color() for line in _lines(ax)}) == 2  # color tells the runs apart
+    assert {line.get_color() for line in _lines(ax)} == (set(colors) if lined else set())
     if banded:
-        assert [c.get_gid() for c in ax.collections] == ["min-max", "min-max"]
+        assert [c.get_gid() for c in ax.collections] == ["min-max"] * runs
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        ["mean", "max", "p50", "p99"],  # issue 47: max and p99 were both dotted, alike
+        ["max", "p99"],
+        ["min", "p1"],
+        ["max", "p50", "p90", "p99"],
+        ["mean", "last", "min", "p1", "p5", "p25", "p50", "p75", "p95", "p99", "p99.9"],
+        ["mean", "min", "max", "p50", "p90"],  # min and max as a band
+        ["mean", "last", "min", "max", "p50", "p90", "p99"],
+        ["min", "max"],  # before: a band alone had no legend
+        ["mean", "last"],
+    ],
+)
+@pytest.mark.parametrize("steps", [80, 30])  # 30: at most 50 points, dotted
+def test_every_statistic_of_a_family_has_its_own_style(
+    tmp_path: Path, stats: list[str], steps: int
+) -> None:
+    # before (30 steps): the curves had dots the legend did not show
+    _check_family_styles(tmp_path, stats, steps)
+
+
+_FAMILY = ["mean", "last", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p99"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    stats=st.lists(st.sampled_from(_FAMILY), min_size=2, max_size=len(_FAMILY), unique=True),
+    steps=st.sampled_from([12, 80]),
+    runs=st.integers(1, 2),
+)
+def test_any_family_draws_each_statistic_as_its_legend_entry_shows(
+    stats: list[str], steps: int, runs: int
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _check_family_styles(Path(tmp), stats, steps, runs)
+
+
+def test_every_subset_of_a_family_gets_distinct_styles() -> None:
+    from itertools import combinations
+
+    from metricsync._plot_styles import stat_styles
+
+    pool = [*_FAMILY, "p99.9", "std", "sum", "count"]
+    for size in range(1, 5):
+        for stats in combinations(pool, size):
+            styles = stat_styles(list(stats))
+            assert len({(s.linestyle, s.marker) for s in styles.values()}) == len(stats), stats
+    styles = stat_styles(pool)
+    assert len({(s.linestyle, s.marker) for s in styles.values()}) == len(pool)
 
 
 @pytest.mark.parametrize(
