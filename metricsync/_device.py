@@ -75,6 +75,7 @@ from ._streams import Streams
 __all__ = ["BAD_CHANGED", "BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
 
 _F64 = torch.float64
+_SUMMED = frozenset(i for i, c in enumerate(al.COLUMNS) if c.op is al.Op.SUM)
 _START, _LIMIT = 1 << 16, 1 << 21  # buffer elements: first size, and the bound it doubles to
 
 #: ``(slots, cols, sketches, bad)`` of one device on the host: state columns
@@ -355,6 +356,13 @@ class DeviceState:
         self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]
     ) -> None:
         self._commits += 1
+        cols, cells, more_bad = batch
+        if not cells and more_bad is None and self._carried <= _SUMMED:
+            # every carried column merges by a sum (the others hold their identity on both
+            # sides): added in place, which nothing else holds (snapshots merge into new ones)
+            self.state = self._grown(self.state, al.IDENTITY).add_(cols)
+            self.bad = self._grown(self.bad, None)
+            return
         self.state, self.sketch, self.bad = self._merged(batch)
 
     def _merged(

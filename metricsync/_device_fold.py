@@ -84,8 +84,8 @@ def fold_batch(
     n_rows, r, n = len(specs), len(records), x.numel()
     rec = records.T
     rows_here = np.unique(rec[0]).astype(np.intp).tolist()
-    used = [specs[i] for i in rows_here]
-    needed = set().union(*(al.needed_columns(s) for s in used)) | {al.W, al.S}
+    used = list({id(s): s for s in map(specs.__getitem__, rows_here)}.values())  # distinct
+    needed = set().union(*map(al.needed_columns, used)) | {al.W, al.S}
     for pair in ((al.MAX, al.NEGMIN), (al.LAST, al.T)):  # computed together
         if needed & set(pair):
             needed |= set(pair)

@@ -149,11 +149,12 @@ def gather(
     pinned: list[Scalar] = []
     pinned_refs: list[Ref] = []
     if scalars:
-        tensors = [t for _, t, _, _ in scalars]
-        if [t._version for t in tensors] != [v for _, _, v, _ in scalars]:
-            changed = {row for row, t, v, _ in scalars if t._version != v}
-            scalars = [rec for rec in scalars if rec[1]._version == rec[2]]
-            tensors = [t for _, t, _, _ in scalars]
+        rows, tensors, versions, stamps = map(list, zip(*scalars))  # columns, in C loops
+        now = [t._version for t in tensors]
+        if now != versions:
+            changed = {row for row, v, was in zip(rows, now, versions) if v != was}
+            scalars = [rec for rec, v in zip(scalars, now) if rec[2] == v]
+            rows, tensors, versions, stamps = map(list, zip(*scalars)) if scalars else [[]] * 4
     if scalars:
         k = len(scalars)
         if scratch is None or pin:  # pinned values must not share a reused buffer
@@ -165,14 +166,14 @@ def gather(
         xs.append(flat)
         ws.append(None)
         table = np.zeros((k, 5))
-        table[:, 0] = [row for row, _, _, _ in scalars]
+        table[:, 0] = rows
         table[:, 1] = np.arange(start, start + k)
         table[:, 2] = 1.0
-        table[:, 4] = [at for _, _, _, at in scalars]
+        table[:, 4] = stamps
         records.append(table)
         start += k
         if pin:
-            pinned = [(row, t, t._version, at) for (row, _, _, at), t in zip(scalars, dst)]
+            pinned = list(zip(rows, dst, [t._version for t in dst], stamps))
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
