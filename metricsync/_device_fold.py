@@ -99,7 +99,7 @@ def fold_batch(
             sketch_maps[accs.index(acc)][row] = index
     has_policy = {s.nan for s in used} - {"propagate"}
     if singles and kinds == {0} and not has_policy and not accs and needed <= _COUNTED:
-        return _fold_counted(n_rows, need, x, rec[0], upload), {}, None
+        return _fold_counted(n_rows, x, rec[0], upload), {}, None
     policies = np.array([_POLICY[s.nan] for s in specs])
     mixed = len(kinds - {0}) > 0 and 0 in kinds  # weighted records beside plain ones
     checks = bool(kinds & {1, 2})
@@ -220,25 +220,18 @@ def fold_batch(
     return out.index_copy(0, need_idx, stacked), sketches, bad
 
 
-_COUNTED = frozenset((al.W, al.S, al.N, al.W2))  #: unweighted single samples: sums and counts
+_COUNTED = frozenset((al.W, al.S))  #: rows that need these only: sums and counts
 
 
 def _fold_counted(
-    n_rows: int,
-    need: list[int],
-    x: torch.Tensor,
-    rows: np.ndarray,
-    upload: Callable[[np.ndarray], torch.Tensor],
+    n_rows: int, x: torch.Tensor, rows: np.ndarray, upload: Callable[[np.ndarray], torch.Tensor]
 ) -> torch.Tensor:
-    """The state columns of unweighted single samples whose rows need only sums and counts
-    (``need`` within :data:`_COUNTED`): the counts are known on the host, so they go up
-    with the identity columns and rows in the one upload, and ``S`` is one ``index_add_``
-    (what :func:`fold_batch` computes for them, with a quarter of its ops)."""
+    """The state columns of unweighted single samples of rows that need only ``W`` and
+    ``S``: the counts are known on the host, so they go up with the identity columns and
+    the rows in the one upload, and ``S`` is one ``index_add_`` (what :func:`fold_batch`
+    computes for them, with a quarter of its ops)."""
     block = np.repeat(al.IDENTITY[:, None], n_rows, axis=1)
-    counts = np.bincount(rows.astype(np.intp), minlength=n_rows).astype(np.float64)
-    for col in need:
-        if col != al.S:  # W, N, W2: each sample weighs 1
-            block[col] = counts
+    block[al.W] = np.bincount(rows.astype(np.intp), minlength=n_rows)
     meta = upload(np.concatenate([rows, block.reshape(-1)]))
     r = len(rows)
     out = meta.narrow(0, r, al.NCOL_ALL * n_rows).view(al.NCOL_ALL, n_rows)
