@@ -172,6 +172,7 @@ def rl_step(
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import step as rl  # bench/step.py
+    from _interleave import interleaved
 
     data = rl.make_data(0, 8)
     for mb in data["mbs"]:
@@ -213,21 +214,7 @@ def rl_step(
             "ours": lambda: rl.metricsync_step(metrics, data, scratch),
             "theirs": lambda: rl.hand_rolled_step(data, scratch),
         }
-        times: dict[str, list[float]] = {"ours": [], "theirs": []}
-        for i in range(steps + 2):
-            for side in ("ours", "theirs")[:: 1 if i % 2 == 0 else -1]:
-                sync()
-                start = time.perf_counter()
-                sides[side]()
-                sync()
-                if i >= 2:
-                    times[side].append(time.perf_counter() - start)
-        ratio = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"]))
-        out[variant] = (
-            statistics.median(times["ours"]) * 1e3,
-            statistics.median(times["theirs"]) * 1e3,
-            ratio,
-        )
+        out[variant] = interleaved(sides, steps, 2, sync)
     return out
 
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
+import sys
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,16 +45,12 @@ import torch
 
 import metricsync as ms
 
-N_SCALARS = 60
-TOKEN_NAMES = (
-    "actor/entropy",
-    "actor/pg_clipfrac",
-    "actor/ppo_kl",
-    "critic/vf_clipfrac",
-    "critic/values",
-    "critic/advantages",  # also max and min
-)
-SPECS = {"critic/advantages": ms.Spec(("mean", "max", "min"))}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+import step as rl  # bench/step.py: the RL step's metrics
+from _interleave import interleaved
+from step import N_SCALARS, TOKEN_NAMES
+
+SPECS = {"critic/advantages": rl.SPECS["critic/advantages"]}  # the one token max and min
 
 
 class Workload:
@@ -152,21 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, tuple[float, float, float]]:
             "ours": lambda ready=ready: ours(work, metrics, ready),
             "theirs": lambda ready=ready: theirs(work, ready),
         }
-        times: dict[str, list[float]] = {"ours": [], "theirs": []}
-        for i in range(args.steps + args.warmup):
-            for side in ("ours", "theirs") if i % 2 == 0 else ("theirs", "ours"):
-                _sync(device)
-                start = time.perf_counter()
-                sides[side]()
-                _sync(device)
-                if i >= args.warmup:
-                    times[side].append(time.perf_counter() - start)
-        ratio = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"]))
-        out[variant] = (
-            statistics.median(times["ours"]) * 1e3,
-            statistics.median(times["theirs"]) * 1e3,
-            ratio,
-        )
+        out[variant] = interleaved(sides, args.steps, args.warmup, lambda: _sync(device))
     return out
 
 

@@ -48,7 +48,6 @@ True
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,10 +70,12 @@ from ._device_refs import (
 )
 from ._sketch import sketch_layout
 from ._spec import Spec
+from ._streams import Streams
 
 __all__ = ["BAD_CHANGED", "BAD_MASK", "BAD_NAN", "BAD_WEIGHT", "DeviceState", "Snapshot"]
 
 _F64 = torch.float64
+_SUMMED = frozenset(i for i, c in enumerate(al.COLUMNS) if c.op is al.Op.SUM)
 _START, _LIMIT = 1 << 16, 1 << 21  # buffer elements: first size, and the bound it doubles to
 
 #: ``(slots, cols, sketches, bad)`` of one device on the host: state columns
@@ -112,27 +113,12 @@ def _folding() -> contextlib.ExitStack:
     return stack
 
 
-def _side_stream_check(device: torch.device) -> Callable[[], bool]:
-    """A cheap test of whether a CUDA stream other than ``device``'s default one is
-    current (references are taken only on the default stream; a record on another is
-    copied there, ordered after that stream's work); never true off CUDA."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if device.type != "cuda" or raw is None:
-        return lambda: False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return lambda: bool(raw(index))  # the default (null) stream is 0
-
-
-def _wait_for_default_stream(device: torch.device) -> None:
-    """Make the current stream wait for ``device``'s default one (no host wait)."""
-    torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
-
-
 class DeviceState:
     """Pending records and accumulated state of the metrics recorded on one device."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, streams: Streams | None = None) -> None:
         self.device = device
+        self.streams = Streams.of(device) if streams is None else streams
         self.meta = device.type == "meta"  # a stand-in for an accelerator (tests only)
         self.slots: list[int] = []  # device row -> table slot
         self.rows: dict[int, int] = {}  # table slot -> device row
@@ -153,7 +139,11 @@ class DeviceState:
         self._refs: list[Ref] = []
         self._ref_elements = 0
         self._host_bad: dict[int, float] = {}  # row -> error code found on the host
-        self._side_stream = _side_stream_check(device)
+        self._side_stream = self.streams.on_side
+        #: float64 buffer of REF_LIMIT elements and its 0-d views, that the 0-d references
+        #: are copied into at a fold, and the stream of the fold that last read it
+        self._scratch: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+        self._scratch_stream: Any = None
         self._commits = 0  # folds into the state so far
         self._seen: tuple[Any, Snapshot] | None = None  # the last snapshot and what it saw
 
@@ -319,9 +309,14 @@ class DeviceState:
             ws.append(None if self._wts is None else self._wts[: self._used])
             tables.append(np.array(self._records, dtype=np.float64))
         if (self._scalars or self._refs) and self._side_stream():
-            _wait_for_default_stream(self.device)  # references were taken on it
+            self.streams.wait_for_default()  # references were taken on it
         more_x, more_w, more_tables, changed, scalars, refs = gather(
-            self._scalars, self._refs, self._used, self.upload, pin
+            self._scalars,
+            self._refs,
+            self._used,
+            self.upload,
+            pin,
+            None if pin else self._scratch_views(),
         )
         if pin:
             self._scalars, self._refs = scalars, refs
@@ -343,10 +338,31 @@ class DeviceState:
             w = filled[0] if len(filled) == 1 else torch.cat(filled)
         return self._fold_batch(x, w, records)
 
+    def _scratch_views(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+        """The scratch buffer the 0-d references are copied into, once it is worth it (a
+        fold of 64 or more of them), ordered after the fold that last read it."""
+        k = len(self._scalars)
+        if k < 64:  # a fresh buffer costs less than keeping one
+            return None
+        if self._scratch is None or len(self._scratch[1]) < k:
+            flat = torch.empty(max(k, REF_LIMIT), dtype=_F64, device=self.device)
+            self._scratch = (flat, flat.unbind(0))
+        else:
+            self.streams.after(self._scratch_stream)  # written after its last reader
+        self._scratch_stream = self.streams.current()
+        return self._scratch
+
     def _merge(
         self, batch: tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None]
     ) -> None:
         self._commits += 1
+        cols, cells, more_bad = batch
+        if not cells and more_bad is None and self._carried <= _SUMMED:
+            # every carried column merges by a sum (the others hold their identity on both
+            # sides): added in place, which nothing else holds (snapshots merge into new ones)
+            self.state = self._grown(self.state, al.IDENTITY).add_(cols)
+            self.bad = self._grown(self.bad, None)
+            return
         self.state, self.sketch, self.bad = self._merged(batch)
 
     def _merged(

@@ -29,7 +29,7 @@ alias, a CUDA graph replay) cannot be seen: record a ``.clone()`` of such a tens
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -126,15 +126,21 @@ def gather(
     start: int,
     upload: Callable[[np.ndarray], torch.Tensor],
     pin: bool = False,
+    scratch: tuple[torch.Tensor, Sequence[torch.Tensor]] | None = None,
 ) -> Gathered:
     """The pending references as flat float64 pieces: values, weights or None, records
     and rows of changed tensors; each piece's records an ``(r, 5)`` array of
     ``(row, start, n, kind, stamp)``, starts from ``start`` on. Changed tensors are
     left out.
 
-    With ``pin``, also the unchanged references on views of the stacked copies the
-    pieces come from (same dtypes, shapes and order, no extra copy), to stand for them
-    from then on: a later in-place change of a caller's tensor cannot reach them.
+    The 0-d records are copied (cast to float64) into one flat buffer with one batched
+    ``_foreach_copy_`` per dtype: into ``scratch`` (a float64 buffer of at least as many
+    elements and its 0-d views, reused from fold to fold) when given, else into a new one.
+
+    With ``pin``, also the unchanged references on views of the copies the pieces come
+    from (0-d records: float64 views; others: same dtypes and shapes; same order, no
+    extra copy), to stand for them from then on: a later in-place change of a caller's
+    tensor cannot reach them.
     """
     xs: list[torch.Tensor] = []
     ws: list[torch.Tensor | None] = []
@@ -143,33 +149,31 @@ def gather(
     pinned: list[Scalar] = []
     pinned_refs: list[Ref] = []
     if scalars:
-        if any(t._version != v for _, t, v, _ in scalars):
-            changed = {row for row, t, v, _ in scalars if t._version != v}
-            scalars = [rec for rec in scalars if rec[1]._version == rec[2]]
-        by_dtype: dict[Any, list[Scalar]] = {}
-        dtypes = {t.dtype for _, t, _, _ in scalars}
-        if len(dtypes) == 1:
-            by_dtype[dtypes.pop()] = scalars
+        rows, tensors, versions, stamps = map(list, zip(*scalars))  # columns, in C loops
+        now = [t._version for t in tensors]
+        if now != versions:
+            changed = {row for row, v, was in zip(rows, now, versions) if v != was}
+            scalars = [rec for rec, v in zip(scalars, now) if rec[2] == v]
+            rows, tensors, versions, stamps = map(list, zip(*scalars)) if scalars else [[]] * 4
+    if scalars:
+        k = len(scalars)
+        if scratch is None or pin:  # pinned values must not share a reused buffer
+            flat = torch.empty(k, dtype=_F64, device=tensors[0].device)
+            dst: Sequence[torch.Tensor] = flat.unbind(0)
         else:
-            for rec in scalars:
-                by_dtype.setdefault(rec[1].dtype, []).append(rec)
-        for singles in by_dtype.values():
-            k = len(singles)
-            stacked = torch.stack([t for _, t, _, _ in singles])
-            xs.append(stacked.to(_F64))
-            ws.append(None)
-            table = np.zeros((k, 5))
-            table[:, 0] = [row for row, _, _, _ in singles]
-            table[:, 1] = np.arange(start, start + k)
-            table[:, 2] = 1.0
-            table[:, 4] = [at for _, _, _, at in singles]
-            records.append(table)
-            start += k
-            if pin:
-                pinned += [
-                    (row, t, t._version, at)
-                    for (row, _, _, at), t in zip(singles, stacked.unbind(0))
-                ]
+            flat, dst = scratch[0][:k], scratch[1][:k]
+        _copy_scalars(dst, tensors)
+        xs.append(flat)
+        ws.append(None)
+        table = np.zeros((k, 5))
+        table[:, 0] = rows
+        table[:, 1] = np.arange(start, start + k)
+        table[:, 2] = 1.0
+        table[:, 4] = stamps
+        records.append(table)
+        start += k
+        if pin:
+            pinned = list(zip(rows, dst, [t._version for t in dst], stamps))
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
@@ -193,6 +197,20 @@ def gather(
         if pin:
             pinned_refs += _pinned(group, sx, sw, sm)
     return Gathered(xs, ws, records, changed, pinned, pinned_refs)
+
+
+def _copy_scalars(dst: Sequence[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    """Copy each 0-d tensor into its 0-d float64 view: one batched copy per source dtype
+    (a batched copy casts, but on CUDA only from one source dtype at a time)."""
+    dtype = tensors[0].dtype
+    if all(t.dtype is dtype for t in tensors):
+        torch._foreach_copy_(list(dst), tensors)
+        return
+    by_dtype: dict[Any, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for at in by_dtype.values():
+        torch._foreach_copy_([dst[i] for i in at], [tensors[i] for i in at])
 
 
 def _pinned(group: list[Ref], sx: torch.Tensor, sw: Any, sm: Any) -> list[Ref]:

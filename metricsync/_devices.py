@@ -31,7 +31,8 @@ class Devices:
 
     def __init__(self) -> None:
         self.states: dict[Any, Any] = {}  # torch.device -> DeviceState
-        self.lanes: dict[str, tuple[Any, Any, int]] = {}  # name -> (device, state, row)
+        #: name -> (device, state, row, whether the device is meta)
+        self.lanes: dict[str, tuple[Any, Any, int, bool]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.states)
@@ -51,14 +52,23 @@ class Devices:
                 ) from None
             self.states[x.device] = state
         row = state.add(slot, spec, x, w, m, now)
-        self.lanes[name] = (x.device, state, row)
+        self.lanes[name] = (x.device, state, row, state.meta)
 
     def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
         """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
         lane = self.lanes.get(name)
-        if lane is None or device != lane[0] or (lane[1].meta and not meta_allowed()):
+        if lane is None or device != lane[0] or (lane[3] and not meta_allowed()):
             return None  # a meta lane outside meta_records(): the checked path refuses
         return lane[1], lane[2]
+
+    def pend_scalar(self, name: str, x: Any) -> bool:
+        """Pend a plain 0-d tensor of ``name`` on its lane (:meth:`lane`, inlined: the
+        hottest device record); False when ``name`` has no lane on ``x``'s device."""
+        lane = self.lanes.get(name)
+        if lane is None or x.device != lane[0] or (lane[3] and not meta_allowed()):
+            return False
+        lane[1].pend_scalar(lane[2], x)
+        return True
 
     def recorded_slots(self) -> set[int]:
         """Table slots holding device records, folded or pending."""

@@ -323,12 +323,11 @@ class Store:
         tensor). Bad input raises as on the general path, before anything is pended."""
         with self.lock:
             self._changes += 1
+            if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
+                return self.devices.pend_scalar(name, x)  # a reference: nothing launched
             lane = self.devices.lane(name, x.device)
             if lane is None:
                 return False
-            if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
-                lane[0].pend_scalar(lane[1], x)  # a reference: nothing launched
-                return True
             w, m = device_inputs(name, x, weight, mask)
             if x.numel():
                 lane[0].pend(lane[1], x, w, m, al.now_us())

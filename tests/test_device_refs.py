@@ -470,3 +470,89 @@ def test_views_and_in_place_changes_never_give_a_wrong_number(
             assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
         else:
             assert _close(got[key], value), (key, got[key], value)
+
+
+# --- 0-d references: the batched copy, the scratch buffer, the counted fold -----
+
+SCALAR_SPECS = {
+    "a": ms.Spec(("mean", "sum", "count")),  # sums and counts only: the counted fold
+    "b": ms.Spec(("sum", "count")),
+    "i": ms.Spec(("mean", "count"), nan="ignore"),  # a policy: the general fold
+    "m": ms.Spec(("mean", "max")),  # a max: the general fold, and a merge that is not a sum
+}
+SCALAR_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64]
+SCALAR_DTYPES += [torch.int32, torch.bool]
+#: multiples of 1/8: every sum of them is exact in any order
+EIGHTHS = st.integers(-8_000_000, 8_000_000).map(lambda i: i / 8)
+SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+@st.composite
+def scalar_records(draw: Any) -> list[tuple[str, float, Any]]:
+    names = draw(st.sampled_from([["a", "b"], ["a", "b", "i"], ["a", "m"], ["a", "b", "i", "m"]]))
+    rare = draw(st.sampled_from([0, 0, 30, 300]))  # about one in ``rare`` non-finite; 0: none
+    out = []
+    for _ in range(draw(st.integers(1, 300))):
+        special = rare and draw(st.integers(0, rare - 1)) == 0
+        value = draw(SPECIAL if special else EIGHTHS)
+        out.append((draw(st.sampled_from(names)), value, draw(st.sampled_from(SCALAR_DTYPES))))
+    return out
+
+
+def _sample(value: float, dtype: Any) -> float:
+    """What a 0-d tensor of ``dtype`` made from ``value`` holds, as a float."""
+    if not dtype.is_floating_point and not math.isfinite(value):
+        value = 0.0
+    return float(torch.tensor(value).to(dtype).double())
+
+
+@settings(max_examples=40, deadline=None)
+@given(recs=scalar_records(), ref_limit=st.sampled_from([3, 64, 100, 1024]), observe=st.booleans())
+def test_0d_references_equal_numpy_and_the_host_path(
+    recs: list[tuple[str, float, Any]], ref_limit: int, observe: bool
+) -> None:
+    # folds of 64 or more 0-d references copy them into a reused scratch buffer with one
+    # batched copy per dtype; rows that need only sums and counts fold with one index_add_
+    tensors = [(name, torch.tensor(_sample(v, dtype)).to(dtype)) for name, v, dtype in recs]
+    host = ms.Metrics(SCALAR_SPECS)
+    for name, t in tensors:
+        host.record(name, t)
+    want = host.compute()
+    dev = ms.Metrics(SCALAR_SPECS)
+    with cpu_as_accelerator(ref_limit):
+        for i, (name, t) in enumerate(tensors):
+            dev.record(name, t)
+            if observe and i == len(tensors) // 2:
+                dev.compute()  # pins what it read; later folds reuse the scratch buffer
+        got = dev.compute()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert _close(got[key], value), (key, got[key], value)
+    for name in ("a", "b"):  # numpy over the raw samples
+        xs = np.array([_sample(v, d) for n, v, d in recs if n == name])
+        if len(xs) == 0:
+            continue
+        with np.errstate(invalid="ignore"):  # inf - inf: NaN, as in the sum
+            total, mean = float(np.sum(xs)), float(np.mean(xs))
+        assert _close(got[f"{name}/sum"], total) and got[f"{name}/count"] == len(xs), name
+        if name == "a":
+            assert _close(got["a/mean"], mean)
+
+
+def test_a_0d_reference_changed_in_place_in_a_large_fold_raises_naming_the_metric() -> None:
+    # 200 pending 0-d references: the fold copies them into the scratch buffer
+    m = ms.Metrics(SCALAR_SPECS)
+    with cpu_as_accelerator():
+        kept = [torch.tensor(float(i)) for i in range(200)]
+        for i, t in enumerate(kept):
+            m.record("a" if i != 150 else "b", t)
+        kept[150].add_(1.0)  # changed before any fold read it
+        with pytest.raises(ValueError, match=r"metric 'b'.*changed in place"):
+            m.compute()
+        m.reset()
+    with cpu_as_accelerator(ref_limit=100):  # a fold at 100, then 80 more reuse the buffer
+        for t in kept[:180]:
+            m.record("a", t)
+        got = m.compute()
+    want = np.array([float(t) for t in kept[:180]])
+    assert got["a/sum"] == float(want.sum()) and got["a/count"] == 180.0

@@ -1,0 +1,112 @@
+"""The stream branches of a device state, run on CPU tensors through a stand-in
+:class:`~metricsync._streams.Streams` (only CUDA has other streams; these are the
+branches a GPU would take, with the same code).
+
+- a record made while a side stream is current is copied, not referenced;
+- a fold of references taken on the default stream, run on a side stream, first makes
+  that stream wait for the default one;
+- the scratch buffer a fold copies 0-d references into is reused only after the
+  stream of the fold that last read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from metricsync import _algebra as al  # noqa: E402
+from metricsync._device import BAD_CHANGED, DeviceState  # noqa: E402
+from metricsync._spec import Spec  # noqa: E402
+from metricsync._streams import Streams  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+class FakeStreams(Streams):
+    """Streams named by strings, switched by the test; what was asked is logged."""
+
+    def __init__(self) -> None:
+        self.stream = "default"
+        self.log: list[tuple[str, Any]] = []
+
+    def on_side(self) -> bool:
+        return self.stream != "default"
+
+    def wait_for_default(self) -> None:
+        self.log.append(("wait_for_default", self.stream))
+
+    def current(self) -> Any:
+        return self.stream
+
+    def after(self, stream: Any) -> None:
+        self.log.append(("after", (stream, self.stream)))
+
+
+def _sums(state: DeviceState) -> tuple[list[float], list[float], float]:
+    """Per-row sums and counts of a snapshot, and its largest error code."""
+    _, cols, _, errors = state.snapshot()
+    return cols[al.S].tolist(), cols[al.W].tolist(), float(errors.max())
+
+
+def test_a_record_on_a_side_stream_is_copied_not_referenced() -> None:
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    streams.stream = "side"
+    scalar, vector = torch.tensor(2.0), torch.tensor([3.0, 4.0])
+    state.pend_scalar(row, scalar)
+    state.pend(row, vector, None, None, now=2.0)
+    scalar.add_(100.0)  # copied at the record: the change reaches nothing
+    vector.mul_(10.0)
+    streams.stream = "default"
+    assert _sums(state) == ([10.0], [4.0], 0.0)
+
+
+def test_a_reference_on_the_default_stream_is_kept_and_a_change_is_caught() -> None:
+    # the same records on the default stream are references: the change is refused
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    scalar = torch.tensor(2.0)
+    state.pend_scalar(row, scalar)
+    scalar.add_(100.0)
+    assert _sums(state)[2] == BAD_CHANGED
+
+
+def test_a_fold_on_a_side_stream_waits_for_the_default_one_first() -> None:
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    state.pend_scalar(row, torch.tensor(2.0))  # a reference, taken on the default stream
+    streams.stream = "side"
+    state.commit()
+    assert ("wait_for_default", "side") in streams.log
+    streams.stream = "default"
+    assert _sums(state) == ([3.0], [2.0], 0.0)
+
+
+def test_the_scratch_buffer_is_reused_after_the_stream_that_read_it_last() -> None:
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    values = np.arange(300, dtype=np.float64)
+    row = state.add(0, Spec("mean"), torch.tensor(values[0]), None, None, now=1.0)
+    for v in values[1:100]:
+        state.pend_scalar(row, torch.tensor(v))
+    state.commit()  # 100 references: copied into the scratch buffer, read on "default"
+    assert not [e for e in streams.log if e[0] == "after"]  # a new buffer: nothing to order
+    streams.stream = "other"
+    for v in values[100:300]:
+        state.pend_scalar(row, torch.tensor(v))  # on a side stream: copied, not referenced
+    streams.stream = "default"
+    for v in values[:80]:
+        state.pend_scalar(row, torch.tensor(v))
+    streams.stream = "later"  # the next fold runs on another stream
+    state.commit()  # the 80 references reuse the buffer on "later": after "default"
+    assert ("after", ("default", "later")) in streams.log
+    streams.stream = "default"
+    s, w, bad = _sums(state)
+    assert (s, w, bad) == ([float(values.sum() + values[:80].sum())], [380.0], 0.0)
