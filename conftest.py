@@ -72,7 +72,7 @@ def _missing(package: str) -> bool:
 collect_ignore = [path for path, package in NEEDS_AT_IMPORT.items() if _missing(package)]
 
 
-_STARTS_RAY = re.compile(r"ray\.init\(|^\s*import ray\b|examples/verl", re.M)
+_STARTS_RAY = re.compile(r"ray\.init\(|local_ray\(|^\s*import ray\b|examples/verl", re.M)
 
 
 def _starts_ray(path: Path, seen: dict[Path, bool]) -> bool:
