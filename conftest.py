@@ -5,6 +5,11 @@ backends' packages. There, modules that import torch at import time are not
 collected, and a doctest is skipped, naming what it needs, when its examples
 import a missing package or its module wraps one (a backend's doctests create
 that backend). With everything installed, nothing here changes a run.
+
+Hypothesis runs derandomized (the ``deterministic`` profile): each property test
+tries the same examples on every run and every machine, so CI fails only where
+a local run fails too. ``HYPOTHESIS_PROFILE=explore`` draws fresh examples
+(and keeps the failures it finds in ``.hypothesis/`` to replay them).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent
 
@@ -23,6 +29,11 @@ ROOT = Path(__file__).resolve().parent
 # table or a console line would wrap there and not in a plain run. Tests that need a
 # width set it themselves.
 os.environ.pop("COLUMNS", None)
+
+# No deadline in either profile: a loaded machine makes any per-example time limit flaky.
+settings.register_profile("deterministic", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", derandomize=False, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 NEEDS_AT_IMPORT = {
     "metricsync/_device.py": "torch",
@@ -61,7 +72,7 @@ def _missing(package: str) -> bool:
 collect_ignore = [path for path, package in NEEDS_AT_IMPORT.items() if _missing(package)]
 
 
-_STARTS_RAY = re.compile(r"ray\.init\(|^\s*import ray\b|examples/verl", re.M)
+_STARTS_RAY = re.compile(r"ray\.init\(|local_ray\(|^\s*import ray\b|examples/verl", re.M)
 
 
 def _starts_ray(path: Path, seen: dict[Path, bool]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 import metricsync as ms
 from metricsync._logread import read_jsonl
@@ -29,10 +30,6 @@ STEPS = [
     (2, {"loss": 0.25, "actor/lr": 2e-4, "grad_norm": math.inf}),
     (3, {"loss": 0.125, "actor/lr": 1e-4, "grad_norm": 1.5}),
 ]
-
-
-def _same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6)
 
 
 def _quantile_metrics() -> tuple[ms.Metrics, np.ndarray]:
@@ -276,7 +273,7 @@ def test_wandb_offline_run_holds_the_history(
         rows = _wandb_history(run_file)
     assert [row["_step"] for row in rows] == [1, 2, 3]
     for row, (_, values) in zip(rows, STEPS, strict=True):
-        assert all(_same(row[key], value) for key, value in values.items())
+        assert all(same(row[key], value, rel=1e-6, abs=1e-12) for key, value in values.items())
     assert len(read_jsonl(run_dir)[1]) == 3
 
 
@@ -337,7 +334,9 @@ def test_mlflow_file_store_from_the_environment(
     for key, name in [("loss", "loss"), ("acc@1", "acc_1"), ("grad_norm", "grad_norm")]:
         got = sorted(histories[name])
         assert [s for s, _ in got] == [1, 2, 3]
-        assert all(_same(g, v[key]) for (_, g), (_, v) in zip(got, steps, strict=True))
+        assert all(
+            same(g, v[key], rel=1e-6, abs=1e-12) for (_, g), (_, v) in zip(got, steps, strict=True)
+        )
     assert not (tmp_path / "run").exists()  # nothing but the tracking store was written
 
 
@@ -479,7 +478,7 @@ def test_swanlab_offline_run_read_back(tmp_path: Path) -> None:
     for key in series:
         assert [s for s, _ in series[key]] == [1, 2, 3]
         assert all(
-            _same(got, values[key])
+            same(got, values[key], rel=1e-6, abs=1e-12)
             for (_, got), (_, values) in zip(series[key], STEPS, strict=True)
         )
     saved = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
@@ -522,7 +521,7 @@ def test_trackio_local_run_read_back(tmp_path: Path) -> None:
     scalars = [r for r in rows if "loss" in r]
     assert [r["step"] for r in scalars] == [1, 2, 3]
     for row, (_, values) in zip(scalars, STEPS, strict=True):
-        assert all(_same(row[key], value) for key, value in values.items())
+        assert all(same(row[key], value, rel=1e-6, abs=1e-12) for key, value in values.items())
     [at_4] = [r for r in rows if r["step"] == 4 and "len/mean" in r]
     assert at_4["len/mean"] == merged.compute()["len/mean"] and at_4["lr"] == 1e-6
     [hist] = [r["len/histogram"] for r in rows if "len/histogram" in r]

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import assert_same
 
 import metricsync as ms
 
@@ -104,20 +105,6 @@ def decode(values: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()}
 
 
-def assert_same(got: dict[str, float], want: dict[str, float], label: str) -> None:
-    assert got.keys() == want.keys(), (label, sorted(got.keys() ^ want.keys()))
-    for key, value in want.items():
-        if math.isnan(value):
-            assert math.isnan(got[key]), (label, key, got[key])
-        else:
-            assert math.isclose(got[key], value, rel_tol=1e-12, abs_tol=1e-12), (
-                label,
-                key,
-                got[key],
-                value,
-            )
-
-
 def resume(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """In the fresh process: load each checkpoint, finish its script, report and re-checkpoint."""
     results = []
@@ -168,11 +155,19 @@ def test_checkpoint_in_a_fresh_process_continues_exactly(tmp_path: Path) -> None
     assert len(results) == len(jobs) == 10
     for job, result in zip(jobs, results):
         label = f"seed {job['seed']} split {job['split']}"
-        assert_same(decode(result["values"]), expected[job["seed"]], label)
+        assert_same(
+            decode(result["values"]), expected[job["seed"]], label=label, rel=1e-12, abs=1e-12
+        )
         assert result["format"] == formats[job["seed"]], label
         back = ms.Metrics()
         back.load_state_dict(torch.load(job["final"], weights_only=True))
-        assert_same(back.compute(), expected[job["seed"]], label + " (final checkpoint)")
+        assert_same(
+            back.compute(),
+            expected[job["seed"]],
+            label=label + " (final checkpoint)",
+            rel=1e-12,
+            abs=1e-12,
+        )
 
 
 def test_state_dict_mid_window_does_not_disturb_the_window() -> None:
@@ -186,7 +181,9 @@ def test_state_dict_mid_window_does_not_disturb_the_window() -> None:
             b = ms.Metrics({"unrelated": ms.Spec("min")})
             b.record("unrelated", 1.0)
             b.load_state_dict(state)  # replaces specs and state entirely
-    assert_same(b.compute(), a.compute(), "reloaded every 17 operations")
+    assert_same(
+        b.compute(), a.compute(), label="reloaded every 17 operations", rel=1e-12, abs=1e-12
+    )
     assert b.spec("timing/new") == ms.Spec("max", fmt=".3f") and "unrelated" not in b
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -214,12 +215,6 @@ def assert_matches(got: dict[str, float], want: dict[str, float], scale: float) 
         assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=tol), (key, got[key], value)
 
 
-def same_values(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
-    )
-
-
 def merge_all_ways(
     parts_a: list[ms.Metrics], parts_b: list[ms.Metrics], rnd: random.Random
 ) -> tuple[ms.Metrics, ms.Metrics]:
@@ -233,7 +228,7 @@ def merge_all_ways(
     merged = ms.merge(parts_a[i] for i in order)
     after = [(p.to_bytes(), p.compute()) for p in parts_a]
     assert [b for b, _ in before] == [b for b, _ in after]
-    assert all(same_values(x, y) for (_, x), (_, y) in zip(before, after))
+    assert all(same(x, y) for (_, x), (_, y) in zip(before, after))
 
     rnd.shuffle(order)
     acc = parts_b[order[0]]
@@ -247,13 +242,13 @@ def merge_all_ways(
 
 def check_state_laws(m: ms.Metrics) -> None:
     values = m.compute()
-    assert same_values(ms.Metrics.from_bytes(m.to_bytes()).compute(), values)
-    assert same_values(pickle.loads(pickle.dumps(m)).compute(), values)
+    assert same(ms.Metrics.from_bytes(m.to_bytes()).compute(), values)
+    assert same(pickle.loads(pickle.dumps(m)).compute(), values)
     empty = ms.Metrics()
-    assert same_values(m.copy().merge(empty).compute(), values)
-    assert same_values(ms.merge([empty, m, ms.Metrics()]).compute(), values)
+    assert same(m.copy().merge(empty).compute(), values)
+    assert same(ms.merge([empty, m, ms.Metrics()]).compute(), values)
     assert empty.to_bytes() == ms.Metrics().to_bytes()
-    assert same_values(m.compute(), values)
+    assert same(m.compute(), values)
 
 
 # ------------------------------------------------------------ plain stats
@@ -939,12 +934,6 @@ def _scaled(rec: Rec, c: float) -> Rec:
     return Rec(rec.part, rec.value, weight, rec.mask, rec.x, rec.w * c, rec.fold_after)
 
 
-def _same(a: float, b: float, scale: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or math.isclose(
-        a, b, rel_tol=1e-9, abs_tol=1e-12 * scale
-    )
-
-
 @st.composite
 def scale_case(draw: st.DrawFn) -> tuple[str, int, list[Rec], int, float]:
     name = draw(st.sampled_from(sorted(SCALE_FREE)))
@@ -978,7 +967,12 @@ def test_scaling_every_weight_changes_no_statistic(
     kept = x[w > 0]
     scale = float(np.abs(kept[np.isfinite(kept)]).max(initial=1.0))
     for key in got:
-        assert _same(got[key], again[key], scale**2), (key, c, got[key], again[key])
+        assert same(got[key], again[key], rel=1e-9, abs=1e-12 * scale**2), (
+            key,
+            c,
+            got[key],
+            again[key],
+        )
     if not got:
         return
     spec = SCALE_FREE[name]

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
@@ -368,12 +369,6 @@ def _apply(m: ms.Metrics, recs: list[tuple[str, np.ndarray, Any, Any, str]]) -> 
         m.record(name, t, weight=w, mask=k)
 
 
-def _close(a: float, b: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-
-
 @settings(max_examples=60, deadline=None)
 @given(recs=records(), ref_limit=st.sampled_from([2, 5, 1024]), observe=st.booleans())
 def test_the_device_path_equals_the_host_path(
@@ -393,9 +388,11 @@ def test_the_device_path_equals_the_host_path(
     assert set(got) == set(want)
     for key, value in want.items():
         if key.endswith(("/p50", "/p90")):  # the sketch: same cells, same quantile
-            assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
+            assert same(got[key], value, rel=1e-9, abs=1e-9) or abs(got[key] - value) <= 0.02 * abs(
+                value
+            ), key
         else:
-            assert _close(got[key], value), (key, got[key], value)
+            assert same(got[key], value, rel=1e-9, abs=1e-9), (key, got[key], value)
 
 
 def test_the_device_path_equals_the_host_path_over_many_folds() -> None:
@@ -467,9 +464,11 @@ def test_views_and_in_place_changes_never_give_a_wrong_number(
     assert set(got) == set(want)
     for key, value in want.items():
         if key.endswith(("/p50", "/p90")):
-            assert _close(got[key], value) or abs(got[key] - value) <= 0.02 * abs(value), key
+            assert same(got[key], value, rel=1e-9, abs=1e-9) or abs(got[key] - value) <= 0.02 * abs(
+                value
+            ), key
         else:
-            assert _close(got[key], value), (key, got[key], value)
+            assert same(got[key], value, rel=1e-9, abs=1e-9), (key, got[key], value)
 
 
 # --- 0-d references: the batched copy, the scratch buffer, the counted fold -----
@@ -527,16 +526,16 @@ def test_0d_references_equal_numpy_and_the_host_path(
         got = dev.compute()
     assert set(got) == set(want)
     for key, value in want.items():
-        assert _close(got[key], value), (key, got[key], value)
+        assert same(got[key], value, rel=1e-9, abs=1e-9), (key, got[key], value)
     for name in ("a", "b"):  # numpy over the raw samples
         xs = np.array([_sample(v, d) for n, v, d in recs if n == name])
         if len(xs) == 0:
             continue
         with np.errstate(invalid="ignore"):  # inf - inf: NaN, as in the sum
             total, mean = float(np.sum(xs)), float(np.mean(xs))
-        assert _close(got[f"{name}/sum"], total) and got[f"{name}/count"] == len(xs), name
+        assert same(got[f"{name}/sum"], total, rel=1e-9, abs=1e-9) and got[f"{name}/count"] == len(xs), name
         if name == "a":
-            assert _close(got["a/mean"], mean)
+            assert same(got["a/mean"], mean, rel=1e-9, abs=1e-9)
 
 
 def test_a_0d_reference_changed_in_place_in_a_large_fold_raises_naming_the_metric() -> None:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from _compare import assert_same
 
 import metricsync as ms
 from metricsync import _algebra as al
@@ -52,12 +53,6 @@ def _oracle(samples: dict[str, tuple[list[float], list[float]]]) -> dict[str, fl
     return out
 
 
-def _close(got: dict[str, float], want: dict[str, float]) -> None:
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
-
-
 # ------------------------------------------------------------------ fold: empty runs
 
 
@@ -89,7 +84,7 @@ def test_empty_runs_in_a_batch_fold_as_if_they_were_not_there(weighted: bool) ->
         samples[names[s]][0].extend(values[lo : lo + n])
         samples[names[s]][1].extend(np.ones(n) if weights is None else weights[lo : lo + n])
     batch = Batch(values, weights, slot, start, length, stamp)
-    _close(_computed(batch, names, specs), _oracle(samples))
+    assert_same(_computed(batch, names, specs), _oracle(samples), rel=1e-12, abs=1e-12)
 
 
 def test_a_batch_of_empty_runs_only_folds_to_no_samples() -> None:
@@ -213,7 +208,7 @@ def test_weighted_samples_drop_their_nan_and_keep_their_weights(n: int) -> None:
         "x/std": math.sqrt(np.average((xs - mean) ** 2, weights=ws)),
         "x/nan_dropped": float(n - finite.sum()),
     }
-    _close(m.compute(), want)
+    assert_same(m.compute(), want, rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.parametrize("dropped", [1, 2])

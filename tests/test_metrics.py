@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 import metricsync as ms
 
@@ -527,13 +528,6 @@ SPECS = {
 }
 
 
-def _close(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k], rel=1e-12, abs=1e-12)
-        for k in a
-    )
-
-
 def test_state_dict_mid_window_then_continue_equals_uninterrupted() -> None:
     straight = ms.Metrics(SPECS)
     for step in range(10):
@@ -547,7 +541,7 @@ def test_state_dict_mid_window_then_continue_equals_uninterrupted() -> None:
     resumed.load_state_dict(state)
     for step in range(4, 10):
         _record_step(resumed, step)
-    assert _close(resumed.compute(), straight.compute())
+    assert same(resumed.compute(), straight.compute(), rel=1e-12, abs=1e-12)
     assert resumed.spec("lr") == ms.Spec("last", fmt=".2e")
 
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from _compare import same
 
 import metricsync as ms
 from metricsync import _algebra as al
@@ -43,13 +44,6 @@ INVERTED = {
     (-INF, INF): (-INF, -INF, -INF, INF, INF),
     (-INF, 1.0, 2.0, INF): (-INF, -INF, 1.0, INF, INF),
 }
-
-
-def _same(got: float, want: float) -> bool:
-    """Equal infinities and NaN exactly, finite answers within the sketch's 1%."""
-    if math.isnan(want) or math.isinf(want):
-        return got == want or (math.isnan(got) and math.isnan(want))
-    return abs(got - want) <= 0.01 * abs(want) * (1 + 1e-9)
 
 
 def _record(how: str, values: tuple[float, ...], method: str) -> ms.Metrics:
@@ -83,7 +77,11 @@ def test_quantiles_next_to_an_infinity_are_its_limit(
 ) -> None:
     got = _record(how, values, method).compute()
     for stat, expected in zip(STATS, want):
-        assert _same(got[f"x/{stat}"], expected), (stat, got[f"x/{stat}"], expected)
+        assert same(got[f"x/{stat}"], expected, rel=0.01 * (1 + 1e-9)), (
+            stat,
+            got[f"x/{stat}"],
+            expected,
+        )
 
 
 @pytest.mark.parametrize("method", ["linear", "inverted_cdf"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray import local_ray
 
 import metricsync as ms
 from metricsync._collect import collect
@@ -155,20 +156,9 @@ def free_port() -> int:
 def cluster() -> Iterator[Any]:
     if ray is None:
         pytest.skip("ray is not installed")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # Workers cannot import this test module by name; ship its functions by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    with local_ray(by_value=sys.modules[__name__]) as started:
+        yield started
 
 
 # ---------------------------------------------------------------- tests without Ray

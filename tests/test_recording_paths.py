@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -114,14 +115,6 @@ def _oracle(
     return out
 
 
-def _close(a: float, b: float, rel: float) -> bool:
-    if a == b:
-        return True
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
-
-
 @SETTINGS
 @given(cases())
 def test_every_path_agrees_with_the_others_and_with_numpy(
@@ -144,9 +137,9 @@ def test_every_path_agrees_with_the_others_and_with_numpy(
             stat = key.rsplit("/", 1)[-1] if "/" in key else spec.reduce[0]
             if stat in ("p50", "p90"):
                 continue  # checked against numpy in test_quantile_metrics; here: paths agree
-            assert _close(value, want[key], 1e-9), (path, key, value, want[key])
+            assert same(value, want[key], rel=1e-9, abs=1e-9), (path, key, value, want[key])
         for key, value in got.items():  # and every path agrees with the first, quantiles too
-            assert _close(value, results["numpy"][key], 1e-9), (path, key, value)
+            assert same(value, results["numpy"][key], rel=1e-9, abs=1e-9), (path, key, value)
 
 
 def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
@@ -186,7 +179,7 @@ def test_masked_cpu_tensors_agree_with_numpy_whatever_their_form() -> None:
     got = m.compute()
     assert got["v/count"] == len(x) and got["v/nan_dropped"] == dropped
     assert got["v/max"] == x.max() and got["v/min"] == x.min()
-    assert _close(got["v/mean"], float(x.mean()), 1e-12)
+    assert same(got["v/mean"], float(x.mean()), rel=1e-12, abs=1e-12)
 
 
 def test_names_added_between_observations_fold_with_the_right_slots() -> None:
@@ -321,7 +314,11 @@ def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
             lo, hi = s[(len(s) - 1) // 2], s[len(s) // 2]
             assert min(lo * 0.99, lo * 1.01) <= got[key] <= max(hi * 0.99, hi * 1.01), (key, got)
         else:
-            assert _close(got[key], float(want[stat]), 1e-9), (key, got[key], want[stat])
+            assert same(got[key], float(want[stat]), rel=1e-9, abs=1e-9), (
+                key,
+                got[key],
+                want[stat],
+            )
     if "last" not in stats:
         # a list of any length joins the number buffer, which defining the name opened (the
         # lock-free path); an array joins it when it holds at most 64 samples

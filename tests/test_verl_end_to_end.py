@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray import local_ray
 
 import metricsync.verl_compat as vc
 from metricsync.integrations.verl import Tracking
@@ -54,14 +54,8 @@ example = _load_example()
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.cloudpickle.register_pickle_by_value(example)  # workers cannot import it by name
-    ray.init(num_cpus=6, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
+    with local_ray(6, by_value=example):  # workers cannot import it by name
         yield
-    finally:
-        ray.shutdown()
-        ray.cloudpickle.unregister_pickle_by_value(example)
 
 
 @pytest.fixture(autouse=True)

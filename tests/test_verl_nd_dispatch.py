@@ -22,6 +22,7 @@ from itertools import chain
 from typing import Any
 
 import pytest
+from _ray import local_ray
 
 import metricsync as ms
 import metricsync.verl_compat as vc
@@ -184,19 +185,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[Any]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # verl's nd dispatch wraps the method in a closure over its transfer-queue module, which
     # cannot be pickled by value: the workers import this module (and its worker class) by name.
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
-    try:
-        ray.init(
-            num_cpus=DP * TP,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": path}},
-        )
+    with local_ray(DP * TP, runtime_env={"env_vars": {"PYTHONPATH": path}}):
         wg = RayWorkerGroup(
             RayResourcePool([DP * TP], use_gpu=False, max_colocate_count=1),
             RayClassWithInitArgs(cls=ray.remote(num_cpus=1)(MeshWorker)),
@@ -207,8 +200,6 @@ def mesh() -> Iterator[Any]:
         )
         assert wg.init_mesh() == [0, 0, 1, 1]
         yield wg
-    finally:
-        ray.shutdown()
 
 
 def batch(split: str) -> TensorDict:

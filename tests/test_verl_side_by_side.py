@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _compare import same
 
 import metricsync.verl_compat as vc
 
@@ -69,9 +70,7 @@ def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
         return ("raises", type(exc))
 
 
-def same_number(a: Any, b: Any) -> bool:
-    a, b = float(a), float(b)
-    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+TOL = {"rel": 1e-12, "abs": 1e-12}  # what "the same number" allows
 
 
 def assert_same(verl: tuple[str, Any], ours: tuple[str, Any]) -> None:
@@ -80,7 +79,7 @@ def assert_same(verl: tuple[str, Any], ours: tuple[str, Any]) -> None:
         assert verl[1] is ours[1] or issubclass(ours[1], verl[1]), (verl, ours)
     else:
         assert isinstance(ours[1], np.floating), type(ours[1])  # a numpy scalar, as verl's
-        assert same_number(verl[1], ours[1]), (verl, ours)
+        assert same(verl[1], ours[1], **TOL), (verl, ours)
 
 
 def appended(ns: SimpleNamespace, agg: str, values: list[Any]) -> Any:
@@ -111,7 +110,7 @@ def test_one_metric_matches_verl(agg: str, case: str) -> None:
     assert_same(verl, ours)
     want = [float(v) for v in appended(VERL, agg, SAME[case]).values]
     got = [float(v) for v in appended(OURS, agg, SAME[case]).values]
-    assert len(got) == len(want) and all(same_number(a, b) for a, b in zip(got, want))
+    assert len(got) == len(want) and all(same(a, b, **TOL) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -124,7 +123,7 @@ def test_empty_and_aggregate_helper_match_verl(agg: str) -> None:
         ns.Metric.from_dict({"a": 1.5, "b": 2}, aggregation=agg) for ns in (VERL, OURS)
     )
     for key in ("a", "b"):
-        assert same_number(verl_made[key].aggregate(), our_made[key].aggregate())
+        assert same(verl_made[key].aggregate(), our_made[key].aggregate(), **TOL)
         assert our_made[key].init_list().aggregation.value == agg
 
 
@@ -146,13 +145,13 @@ def test_declared_differences_of_one_metric(agg: str) -> None:
     for values, flat in accepted.values():
         assert outcome(appended, VERL, agg, values) == ("raises", ValueError)
         want = {"mean": np.mean, "sum": np.sum, "min": np.min, "max": np.max}[agg](flat)
-        assert same_number(appended(OURS, agg, values).aggregate(), want)
+        assert same(appended(OURS, agg, values).aggregate(), want, **TOL)
     # an array is one entry of verl's values, one entry per element of ours
     array = np.array([1.0, 2.0])
     assert len(appended(VERL, agg, [array]).values) == 1
     assert appended(OURS, agg, [array]).values == [1.0, 2.0]
-    assert same_number(
-        appended(VERL, agg, [array]).aggregate(), appended(OURS, agg, [array]).aggregate()
+    assert same(
+        appended(VERL, agg, [array]).aggregate(), appended(OURS, agg, [array]).aggregate(), **TOL
     )
 
 
@@ -183,7 +182,7 @@ def test_pooling_metrics_matches_verl() -> None:
             m.extend(ns.Metric(agg, -2.0))
             m.extend([3.0, 4.0])
             results.append((m.aggregate(), [float(v) for v in m.values]))
-        assert same_number(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+        assert same(results[0][0], results[1][0], **TOL) and results[0][1] == results[1][1]
 
 
 # ------------------------------------------------------------------ data-parallel aggregation
@@ -226,7 +225,7 @@ def test_unequal_counts_verl_crashes_ours_is_right_or_crashes_too(agg: str) -> N
         "min": min(flat),
         "max": max(flat),
     }[agg]
-    assert same_number(OURS.Metric.aggregate_dp(rank_metrics(OURS, agg, per_rank)), want)
+    assert same(OURS.Metric.aggregate_dp(rank_metrics(OURS, agg, per_rank)), want, **TOL)
 
 
 def test_mixed_aggregation_types_verl_uses_the_first_ours_raises() -> None:
@@ -275,7 +274,7 @@ def test_reduce_metrics_matches_verl(case: str) -> None:
 def test_reduce_metrics_of_metric_values_matches_verl() -> None:
     for agg in AGGS:
         results = [ns.reduce_metrics({"k": ns.Metric(agg, 2.0), "l": [1.0]}) for ns in (VERL, OURS)]
-        assert all(same_number(results[0][k], results[1][k]) for k in ("k", "l"))
+        assert all(same(results[0][k], results[1][k], **TOL) for k in ("k", "l"))
 
 
 def test_reduce_metrics_declared_differences() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _ray import local_ray
 
 import metricsync as ms
 import metricsync.verl_compat as vc
@@ -260,30 +261,19 @@ def _worker_group() -> Any:
 
 @pytest.fixture(scope="module")
 def group() -> Iterator[Any]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Workers cannot import this test module by name; ship its functions and class by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        for attempt in range(3):
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-            )
+    for attempt in range(3):
+        # Workers cannot import this test module by name; ship its functions and class by value.
+        with local_ray(by_value=sys.modules[__name__]):
             try:
                 wg = _worker_group()
-                break
             except ray.exceptions.RayTaskError as exc:
                 # the free port was taken before rank 0 listened on it (it is free only
                 # when chosen): start over on another one
                 if "EADDRINUSE" not in str(exc) or attempt == 2:
                     raise
-                ray.shutdown()
-        yield wg
-    finally:
-        ray.shutdown()
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+                continue
+            yield wg
+            return
 
 
 STYLES = ("direct", "synced")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 torch = pytest.importorskip("torch")
 
@@ -212,7 +213,7 @@ def test_argrank_matches_brute_force(world: int, tmp_path: Path, sync_path: str)
     per_trial = [[_rank_data(seed, t, r) for r in range(world)] for t in range(TRIALS)]
     ranked_trials = 0
     for out in results:
-        assert out["synced"] == results[0]["synced"] or _same(out["synced"], results[0]["synced"])
+        assert out["synced"] == results[0]["synced"] or same(out["synced"], results[0]["synced"])
         for trial, got in enumerate(out["synced"]):
             want = _expected(per_trial[trial])
             ranked_trials += bool(want)
@@ -233,15 +234,6 @@ def test_argrank_matches_brute_force(world: int, tmp_path: Path, sync_path: str)
         assert ranked_bytes - plain_bytes == 8 * (EXTRA_WORDS - 2)  # "len" left out
     assert ranked_trials > TRIALS  # most trials had samples to rank
     _check_show_ranks(tmp_path, seed, world)
-
-
-def _same(a: list[dict[str, float]], b: list[dict[str, float]]) -> bool:
-    """Equal, NaN equal to NaN."""
-    return all(
-        x.keys() == y.keys()
-        and all(x[k] == y[k] or (math.isnan(x[k]) and math.isnan(y[k])) for k in x)
-        for x, y in zip(a, b)
-    )
 
 
 def _check_show_ranks(log_dir: Path, seed: int, world: int) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -258,12 +259,6 @@ def _record_random(m: ms.Metrics, rng: np.random.Generator, rank: int) -> None:
             m.record(name, torch.tensor(float(rng.normal())))
 
 
-def _same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
-    )
-
-
 def _scenarios(rank: int, world: int, n: int) -> int:
     specs = {f"m{i}": SCENARIO_SPECS[i] for i in range(6)}
     kept = ms.Metrics(specs)  # reused across scenarios, reset in some
@@ -281,7 +276,7 @@ def _scenarios(rank: int, world: int, n: int) -> int:
         if shared.random() < 0.3:
             m.reset()
         got = handle.wait()
-        assert _same(got.compute(), blocking.compute()), scenario
+        assert same(got.compute(), blocking.compute()), scenario
         assert got.key_formats() == blocking.key_formats()
         checked += 1
     return checked

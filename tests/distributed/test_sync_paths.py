@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 
 pytest.importorskip("torch")
 
@@ -75,17 +76,6 @@ def _both_paths(rank: int, world: int, seed: int) -> list[tuple[dict[str, float]
     return out
 
 
-def _close(a: dict[str, float], b: dict[str, float]) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for k, x in a.items():
-        y = b[k]
-        same = (x == y) or (math.isnan(x) and math.isnan(y))
-        if not same and not abs(x - y) <= 1e-12 * max(abs(x), abs(y)):
-            return False
-    return True
-
-
 EXACT = {"p10", "p50", "p99", "max", "min", "last", "max_rank", "min_rank"}
 
 
@@ -99,10 +89,10 @@ def test_the_reduce_path_equals_the_gather_path(world: int) -> None:
     results = run_distributed(_both_paths, world, args=(7,), timeout=120)
     for rounds in results:
         for gathered, reduced, again in rounds:
-            assert _close(gathered, reduced), {
+            assert same(gathered, reduced, rel=1e-12), {
                 k: (v, reduced.get(k))
                 for k, v in gathered.items()
-                if not _close({k: v}, {k: reduced[k]})
+                if not same(v, reduced[k], rel=1e-12)
             }
             assert gathered == again
             assert _exact(reduced) == _exact(gathered)  # the same cells, extremes, ranks
@@ -143,4 +133,4 @@ def test_eight_ranks_receive_at_most_one_and_a_half_times_what_two_do() -> None:
     assert max(r[0] for r in eight) <= 1.5 * min(r[0] for r in two)
     assert max(r[1] for r in eight) <= 2.0 * min(r[1] for r in two)
     for _, _, _, got, gathered in eight:
-        assert _close(got, gathered) and got == eight[0][3]
+        assert same(got, gathered, rel=1e-12) and got == eight[0][3]

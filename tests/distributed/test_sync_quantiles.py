@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from _compare import same
 
 pytest.importorskip("torch")
 
@@ -175,12 +176,6 @@ def _inf_rank(rank: int, world: int) -> list[dict[str, float]]:
 INF_SCALES = (1e-6, 1e6)
 
 
-def _same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
-    )
-
-
 def test_infinities_and_weight_scales_sync_as_they_merge() -> None:
     """Samples [-inf, 1, 2 | 3, inf, inf] on two ranks, weights 0.5 times 1e-6 or 1e6:
     the synced quantiles are the limits of the definition (linear p10 -inf, p90 +inf),
@@ -190,7 +185,7 @@ def test_infinities_and_weight_scales_sync_as_they_merge() -> None:
     unit = ms.merge(_inf_parts(1.0 / 0.5)).compute()
     for i, scale in enumerate(INF_SCALES):
         merged = ms.merge(_inf_parts(scale)).compute()
-        assert _same(got[0][i], merged) and _same(got[1][i], merged), scale
+        assert same(got[0][i], merged) and same(got[1][i], merged), scale
         assert merged == pytest.approx(unit, rel=1e-12, nan_ok=True), scale
     # six samples: h = 0.5, 2.5, 4.5 between -inf, 1, 2, 3, inf, inf
     assert unit["lin/p0"] == -math.inf and unit["lin/p100"] == math.inf

@@ -44,6 +44,37 @@ def test_a_dead_or_failing_rank_is_reported_without_waiting_for_the_timeout() ->
     assert isinstance(results[2], RankFailure) and "boom on rank 2" in str(results[2].traceback)
 
 
+def _environ(rank: int, world: int, name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_callers_environment_at_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ranks fork from a server started by an earlier call, with that moment's environment.
+    name = "METRICSYNC_TEST_MARK"
+    monkeypatch.setenv(name, "before")
+    assert run_distributed(_environ, 2, args=(name,)) == ["before", "before"]
+    monkeypatch.setenv(name, "after")
+    assert run_distributed(_environ, 2, args=(name,)) == ["after", "after"]
+    monkeypatch.delenv(name)
+    assert run_distributed(_environ, 2, args=(name,)) == [None, None]
+
+
+_SEEN: list[int] = []
+
+
+def _fresh(rank: int, world: int) -> tuple[int, list[int]]:
+    before = list(_SEEN)
+    _SEEN.append(rank)
+    return os.getpid(), before
+
+
+def test_every_call_runs_in_new_processes() -> None:
+    first = run_distributed(_fresh, 2)
+    second = run_distributed(_fresh, 2)
+    assert [seen for _, seen in first + second] == [[]] * 4  # no state from an earlier call
+    assert len({pid for pid, _ in first + second} | {os.getpid()}) == 5
+
+
 def _collectives(rank: int, world: int) -> tuple[int, int, list[tuple[str, int]], bool]:
     import pickle
 

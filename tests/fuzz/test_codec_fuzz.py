@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -70,12 +71,6 @@ def split(blob: bytes) -> tuple[dict[str, Any], bytes]:
 def join(header: Any, body: bytes, head: bytes | None = None) -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode() if head is None else head
     return codec.frame(head, body)
-
-
-def same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
-    )
 
 
 def decode_or_codec_error(data: bytes) -> ms.Metrics | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _compare import same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,13 +118,6 @@ def apply(m: ms.Metrics, op: tuple[Any, ...]) -> None:
         other = ms.Metrics(SPECS)
         other.record(op[1], op[2])
         m.merge(other)
-
-
-def same(got: dict[str, float], want: dict[str, float]) -> bool:
-    """Bit-for-bit equality, NaN equal to NaN."""
-    return got.keys() == want.keys() and all(
-        (math.isnan(want[k]) and math.isnan(got[k])) or got[k] == want[k] for k in want
-    )
 
 
 def restored(m: ms.Metrics) -> ms.Metrics:

@@ -10,7 +10,7 @@ counted: the final sums equal what the threads recorded, plus what merges
 added.
 
 The same with a process group (a thread recording while the main thread
-syncs) is in ``tests/distributed/test_reliability_sync.py``.
+syncs) is in ``tests/distributed/test_sync_timeouts.py``.
 """
 
 from __future__ import annotations
