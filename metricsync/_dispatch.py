@@ -1,18 +1,20 @@
 """Where a record goes: a table of routes keyed by the value's class, then the checked path.
 
-``Metrics.record`` appends a Python number to its name's open buffer itself (the hot
-path: no call); every other record goes to the route of its value's class in
-:data:`ROUTES`, or to :func:`general` for a class without one. A route takes the
-record where it can, without a lock or a check of its own: a 0-d CPU tensor
-by ``float()``, a small CPU tensor or numpy array (or a list of Python numbers) joining
-its name's number buffer, a masked CPU tensor's kept samples, an accelerator tensor
-into its name's lane. A route that does not take a record records nothing and hands
-it to :func:`general`: a name's first number opens it (``Store.add_number``), else
-the checked path (``Store.prepare``) checks the record, raises naming the metric, and
-applies it.
-``update`` checks every entry before it applies any: :func:`prepare` gives each
-entry's application, an open name's Python float its buffer's append, every other
-value the checked path's (which ends where :func:`record` would put it).
+``Metrics.record`` takes the two hottest kinds itself (no call): a Python number into
+its name's open buffer, and a plain torch tensor (no weight, no mask): a 0-d CPU one
+by ``float()``, a larger CPU one as a numpy view joining its name's buffer, one on an
+accelerator into its name's lane. Every other record goes to the route of its value's
+class in :data:`ROUTES`, or to :func:`general` for a class without one. A route takes
+the record where it can, without a lock or a check of its own: a small numpy array or
+a list of Python numbers joins its name's open number buffer, a masked CPU tensor
+keeps its kept samples, a masked or weighted accelerator tensor goes into its name's
+lane. A route (or ``Metrics.record``) that does not take a record records nothing and
+hands it to :func:`general`: a name's first number opens it (``Store.add_number``),
+else the checked path (``Store.prepare``) checks the record, raises naming the
+metric, and applies it. ``update`` checks every entry before it applies any:
+:func:`prepare` gives each entry's application, an open name's Python float its
+buffer's append, every other value the checked path's (which ends where a record
+would have put it).
 
 >>> from metricsync._store import Store
 >>> store = Store()
@@ -38,12 +40,12 @@ from . import _convert
 from ._pending import FAST_LIMIT
 from ._store import Store
 
-__all__ = ["ROUTES", "Route", "general", "prepare"]
+__all__ = ["HOST_CPU", "ROUTES", "TENSOR", "Route", "general", "prepare"]
 
 _FLOAT64 = np.float64
 _NUMBER = frozenset((float, int))
-_HOST_CPU = _convert.HOST_DEVICE_TYPES  # CPU tensors are host data (tests may swap the set)
-_TENSOR: list[type | None] = [None]  # torch.Tensor, once a tensor was recorded
+HOST_CPU = _convert.HOST_DEVICE_TYPES  # CPU tensors are host data (tests may swap the set)
+TENSOR: list[type | None] = [None]  # torch.Tensor, once a tensor was recorded
 
 Route = Callable[[Store, Any, Any, Any, Any], None]
 
@@ -51,14 +53,14 @@ Route = Callable[[Store, Any, Any, Any, Any], None]
 def general(store: Store, name: Any, value: Any, weight: Any, mask: Any) -> None:
     """A record no route took: a name's first number opens it, anything else is checked."""
     if weight is None and mask is None and name.__class__ is str and name not in store.table.index:
-        number = _convert.opening_number(name, value, _TENSOR[0]) if name else None
+        number = _convert.opening_number(name, value, TENSOR[0]) if name else None
         if number is not None and store.add_number(name, number):
             return
     store.prepare(name, value, weight, mask)()
-    if _TENSOR[0] is None and value.__class__.__name__ in ("Tensor", "Parameter"):
+    if TENSOR[0] is None and value.__class__.__name__ in ("Tensor", "Parameter"):
         import torch
 
-        _TENSOR[0] = torch.Tensor
+        TENSOR[0] = torch.Tensor
         ROUTES[torch.Tensor] = _tensor  # a Parameter (a subclass) takes the checked path
 
 
@@ -74,26 +76,13 @@ def prepare(store: Store, name: Any, value: Any) -> Callable[[], object]:
 
 
 def _tensor(store: Store, name: Any, value: Any, weight: Any, mask: Any) -> None:
-    """A torch tensor: a CPU one as host data (``float()`` of a 0-d one, a numpy view of a
-    larger one, the kept samples of a masked one), any other into its name's lane."""
+    """A masked or weighted torch tensor (``Metrics.record`` takes a plain one itself): a
+    CPU one under a CPU mask keeps its kept samples, one on an accelerator goes into its
+    name's lane."""
     if weight is None:
         try:
-            if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
-                fast = store.pending.fast
-                if mask is None:
-                    if not value.ndim:
-                        buf = fast[name]
-                        if value.requires_grad:  # float() of it would warn
-                            value = value.detach()
-                        buf.append(float(value))  # host memory: no device read
-                        if len(buf) >= FAST_LIMIT:
-                            store.flush()
-                        return
-                    if value.requires_grad:
-                        value = value.detach()
-                    if name in fast and store.add_small(name, value.numpy()):
-                        return
-                elif mask.__class__ is value.__class__ and name in fast:
+            if value.is_cpu and _convert.HOST_DEVICE_TYPES is HOST_CPU:
+                if mask.__class__ is value.__class__ and name in store.pending.fast:
                     if value.requires_grad:
                         value = value.detach()
                     if store.add_masked(name, value, mask):
