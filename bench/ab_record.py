@@ -6,7 +6,8 @@ Exports the package of ``--base`` (default ``HEAD``) as ``metricsync_base`` (as
 ``bench/ab.py`` does), loads ``bench/record.py`` once per side, and times each of its
 metricsync paths (the final ``compute()`` included) on both sides, alternating which
 goes first. A second table times the ``record()`` calls alone (no ``compute()``), per
-kind of value (a 0-d tensor on the meta device among them), the more sensitive figure;
+kind of value (a 0-d tensor on the meta device among them), the more sensitive figure,
+and bench/step.py's recording phase;
 then the aten ops per device record, which must be equal. Times are CPU time of the
 process (``time.process_time``: a machine shared with other work stretches wall time
 far more). Each line gives both sides' fastest repeat, their ratio (working tree /
@@ -123,6 +124,27 @@ def record_only(ms: Any, testing: Any) -> dict[str, Callable[[], float]]:
     return out
 
 
+def step_recording(ms: Any) -> Callable[[], float]:
+    """Seconds of bench/step.py's recording phase (an odd rank's step, 8 micro-batches);
+    the ``Metrics`` computes and resets after each step, untimed."""
+    sys.path.insert(0, str(HERE))
+    import step as rl  # bench/step.py: the step's data and specs
+
+    specs = {name: ms.Spec.from_json(spec.to_json()) for name, spec in rl.SPECS.items()}
+    data = rl.make_data(1, 8)
+    metrics = ms.Metrics(specs)
+
+    def run() -> float:
+        start = time.process_time()
+        rl.record_step(metrics, data)
+        seconds = time.process_time() - start
+        metrics.compute()
+        metrics.reset()
+        return seconds
+
+    return run
+
+
 def compare(cases: dict[str, dict[str, Callable[[], Any]]], repeats: int, timed: bool) -> None:
     """Both sides of every case, alternately; ``timed``: the case returns its own time."""
     for label, sides in cases.items():
@@ -170,6 +192,8 @@ def main() -> None:
             print("record() calls alone, seconds per record:")
             mods = {"base": (base, base_testing), "work": (work, work_testing)}
             by = {side: record_only(*mods[side]) for side in mods}
+            for side, ms in (("base", base), ("work", work)):
+                by[side]["bench/step.py recording phase (per step)"] = step_recording(ms)
             compare({k: {s: by[s][k] for s in by} for k in by["work"]}, args.repeats, True)
         if args.only in (None, "device"):
             ops = {side: rec.device_op_counts() for side, rec in recs.items()}
