@@ -93,10 +93,10 @@ def _nan_equal(a: Any, b: Any) -> bool:
     )
 
 
-def _outcome(m: ms.Metrics, apply: Any) -> tuple[str, str] | None:
-    """None, or the error ``apply`` raised (its type and message)."""
+def _outcome(apply: Any, *args: Any) -> tuple[str, str] | None:
+    """None, or the error ``apply(*args)`` raised (its type and message)."""
     try:
-        apply()
+        apply(*args)
     except (TypeError, ValueError) as exc:
         return type(exc).__name__, str(exc)
     return None
@@ -123,8 +123,8 @@ def test_record_and_update_give_the_same_state_for_every_kind(
         for name, kind, seed in records:
             value = _value(kind, np.random.default_rng(seed))
             twin = _value(kind, np.random.default_rng(seed))  # a fresh one (graphs, views)
-            got = _outcome(by_record, lambda: by_record.record(name, value))
-            want = _outcome(by_update, lambda: by_update.update({name: twin}))
+            got = _outcome(by_record.record, name, value)
+            want = _outcome(by_update.update, {name: twin})
             assert got == want, (name, kind, got, want)
             if got is not None:
                 assert repr(name) in got[1]  # the error names the metric
