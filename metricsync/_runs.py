@@ -9,7 +9,7 @@ into the flat arrays the fold takes, with no Python object per sample.
 
 >>> from array import array
 >>> runs = Runs()
->>> runs.read(3, array("d", [1.0, 2.0]), 0, now=5.0)
+>>> runs.read(3, array("d", [1.0, 2.0]), now=5.0)
 2
 >>> empty = Chunk(0, np.empty(0), None, [array("q"), array("q"), array("d"), array("b")], Rows())
 >>> batch = to_batch(runs, empty)
@@ -180,21 +180,20 @@ class Runs:
         self.array_slot: list[int] = []
         self.array_stamp: list[float] = []
 
-    def read(self, slot: int, buf: Any, done: int, now: float) -> int:
-        """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
-        elsewhere neither fails nor slips in between); return how many it holds."""
-        if isinstance(buf, tuple):  # another thread may be between its two appends
+    def read(self, slot: int, buf: Any, now: float) -> int:
+        """Add ``buf``'s numbers (a copy taken in one call, so an append elsewhere neither
+        fails nor slips in between); return how many it holds. A pair (weighted numbers)
+        counts the samples both halves hold: another thread may be between its appends."""
+        if isinstance(buf, tuple):
             values, weights = buf[0].tobytes(), buf[1].tobytes()
             n = min(len(values), len(weights)) // 8
-            if n > done:
-                self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done)
+            if n:
+                self._add(slot, values[: 8 * n], weights[: 8 * n], now, n)
             return n
         data = buf.tobytes()
         n = len(data) // 8
-        if n > done:
-            self._add(
-                slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
-            )
+        if n:
+            self._add(slot, data, None, getattr(buf, "stamp", now), n)
         return n
 
     def read_arrays(
@@ -208,29 +207,21 @@ class Runs:
             self.array_stamp.append(now)
 
     def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add the numbers of number buffers ``bufs`` (read in one call), of slots
+        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
         ``slots``, stamped ``stamps``; return how many each holds."""
-        # One copy: ``join`` reads the arrays themselves and, as they are mutable, holds the
-        # GIL throughout, so no append lands midway. One may land between the lengths and
-        # the join: then the total disagrees, and each buffer is copied once and measured.
-        counts = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
-        data = b"".join(bufs)
-        if len(data) != 8 * int(counts.sum()):
-            copies = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
-            counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
-            data = b"".join(copies)
+        return self.add_copies(list(map(array.tobytes, bufs)), slots, stamps)
+
+    def add_copies(self, copies: list[bytes], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """Add number buffers' copies (``array.tobytes`` of each, taken by the caller), of
+        slots ``slots``, stamped ``stamps``; return how many numbers each holds. A copy is
+        one call, never an export of the buffer's memory, so an append elsewhere neither
+        fails (an exported array cannot grow) nor lands midway: each count is exactly the
+        numbers read, the prefix a consuming fold then deletes."""
+        counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
         held = counts > 0
         if held.any():
-            self.bulk.append((data, counts[held], slots[held], stamps[held]))
+            self.bulk.append((b"".join(copies), counts[held], slots[held], stamps[held]))
         return counts
-
-    def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
-        """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""
-        if isinstance(buf, tuple):
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], stamp, n - done)
-        else:
-            self._add(slot, buf.tobytes()[8 * done : 8 * n], None, stamp, n - done)
 
     def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
         self.values.append(values)

@@ -456,7 +456,7 @@ class Store:
             if (kept := self._kept(self._fold_key(bool(self.devices)))) is not None:
                 return lambda: kept  # nothing recorded since: no capture, no fold
             devices = self.devices.read(self.table.names)
-            captured = self.pending.capture()
+            captured = self.pending.capture(self.table.index)
             table = self.table.copy()  # the live one may gain slots; this one stays
 
         def finish() -> StateTable:

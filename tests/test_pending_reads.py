@@ -157,9 +157,9 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         now[0] = 2.0
         held_x.append(1.0), held_y.append(2.0)
         held_w[0].append(3.0), held_w[1].append(0.5)
-        pending.take(INDEX, consume=True)  # the three are retired, still held
+        pending.take(INDEX, consume=True)  # the three are still held
         now[0] = 4.0
-        held_x.append(5.0), held_y.append(6.0)  # late numbers in the retired buffers
+        held_x.append(5.0), held_y.append(6.0)  # late numbers: the buffers are still theirs
         held_w[0].append(7.0), held_w[1].append(2.0)
         now[0] = 6.0
         pending.fast["x"].append(8.0), pending.fast["y"].append(9.0)
@@ -170,7 +170,7 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         pending.add(3, np.array([11.0, 12.0]), np.array([1.0, 4.0]), 5.0)
         now[0] = 8.0
         expected = stamped(pending.take(INDEX, consume=False))
-        captured = pending.capture()
+        captured = pending.capture(INDEX)
         now[0] = 10.0  # recorded after the capture: not in it
         for buf in (held_x, held_y, pending.fast["x"], pending.fast["y"]):
             buf.append(-1.0)
@@ -180,7 +180,7 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         pending.add(3, np.array([-1.0]), None, 10.0)
         got = stamped(captured.batch(INDEX))
     assert got == expected
-    assert got[0] == [(5.0, 1.0, 4.0), (8.0, 1.0, 6.0)]  # x: the time of each number
+    assert got[0] == [(5.0, 1.0, 6.0), (8.0, 1.0, 6.0)]  # x: the time of its latest number
     assert got[1] == [(6.0, 1.0, 8.0), (9.0, 1.0, 8.0)]  # y: the time of the read
     assert got[3] == [(7.0, 2.0, 8.0), (10.0, 3.0, 8.0), (11.0, 1.0, 5.0), (12.0, 4.0, 5.0)]
     assert got[2] == [(float(v), 1.0, 8.0) for v in sorted(range(100))]
