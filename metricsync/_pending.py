@@ -1,7 +1,7 @@
 """Host samples waiting to be folded into the state table, and the vectorized fold.
 
-Python numbers go to a per-name ``array('d')`` (weighted ones to a pair of
-them): the hot path of ``record`` is a dict lookup and an append, without a
+Python numbers go to a per-name ``array('d')`` (weighted ones to another,
+value and weight side by side, appended in one call): the hot path of ``record`` is a dict lookup and an append, without a
 lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
 samples of masked ones are listed under their name (a copy each; the kept
 samples are one already), so that a name's samples fold as one run. Those of
@@ -52,9 +52,10 @@ from ._fold import Batch, Cells
 from ._runs import Chunk, Rows, Runs, to_batch
 from ._spec import Spec
 
-__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "Held", "HostPending"]
+__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "PAIR_LIMIT", "Captured", "Held", "HostPending"]
 
 FAST_LIMIT = 4096  #: numbers a name buffers before a fold
+PAIR_LIMIT = 2 * FAST_LIMIT  #: floats a weighted buffer holds before a fold (value, weight)
 CHUNK_LIMIT = 1 << 16  #: array samples buffered before a fold; larger arrays fold at once
 _RECORD_LIMIT = 1 << 10  #: array records buffered before a fold
 _JOINED_MAX = 64  #: arrays of at most this many samples join their name's number buffer
@@ -111,8 +112,8 @@ class HostPending:
 
     def __init__(self) -> None:
         self.fast: dict[str, Any] = {}  # name -> array('d')
-        self.weighted: dict[str, tuple[Any, Any]] = {}  # name -> (values, weights)
-        self._leftover: list[tuple[str, Any]] = []  # (name, buffer or pair): see Held.retired
+        self.weighted: dict[str, array] = {}  # name -> array('d'): value, weight, value, ...
+        self._leftover: list[tuple[str, np.ndarray, np.ndarray | None, float | None]] = []
         self._vals = np.empty(0)
         self._wts: np.ndarray | None = None
         self._used = 0
@@ -136,14 +137,16 @@ class HostPending:
         else:
             self.fast[name] = array("d")
 
-    def open_weighted(self, name: str, spec: Spec) -> tuple[Any, Any] | None:
-        """Give ``name`` a pair of buffers for weighted Python numbers (the fast path);
-        return it (None where its spec takes none: ``last`` and ``nan="error"``)."""
+    def open_weighted(self, name: str, spec: Spec) -> array | None:
+        """Give ``name`` a buffer for weighted Python numbers (the fast path), which
+        ``extend((value, weight))`` appends to: one call, so that two threads recording
+        the name never interleave a value with another's weight; return it (None where
+        its spec takes none: ``last`` and ``nan="error"``)."""
         if spec.nan == "error" or "last" in spec.reduce:
             return None
         pair = self.weighted.get(name)
         if pair is None:
-            pair = self.weighted[name] = (array("d"), array("d"))
+            pair = self.weighted[name] = array("d")
         return pair
 
     def fits(self, n: int) -> bool:
@@ -208,8 +211,7 @@ class HostPending:
         _delete(list(compress(self.fast.values(), self.fast.values())), None)
         for name in self._stamped:
             self.fast[name].stamp = -np.inf
-        for pair in self.weighted.values():
-            _delete(list(pair), None)
+        _delete(list(compress(self.weighted.values(), self.weighted.values())), None)
         self._leftover, self._used, self._rows = [], 0, Rows()
         self._arrays, self._extended = {}, 0
         self._meta = [array("q"), array("q"), array("d"), array("b")]
@@ -220,7 +222,7 @@ class HostPending:
             return False
         if any(self.fast.values()):
             return False
-        return not any(values for values, _ in self.weighted.values())
+        return not any(self.weighted.values())
 
     def appended(self) -> int:
         """How many numbers the number buffers hold: only an append (the lock-free path
@@ -232,16 +234,14 @@ class HostPending:
         """
         n = sum(map(len, self.fast.values()))
         if self.weighted:
-            n += sum(len(v) + len(w) for v, w in self.weighted.values())
-        for _, buf in self._leftover:
-            n += len(buf[0]) + len(buf[1]) if isinstance(buf, tuple) else len(buf)
+            n += sum(map(len, self.weighted.values()))
         return n
 
     def held(self) -> set[str]:
         """Names with pending numbers (they may still be NaN that a fold drops)."""
         names = {n for n, b in self.fast.items() if len(b)}
-        names.update(n for n, (v, _) in self.weighted.items() if len(v))
-        names.update(n for n, _ in self._leftover)
+        names.update(n for n, b in self.weighted.items() if len(b))
+        names.update(entry[0] for entry in self._leftover)
         names.update(self._arrays)
         return names
 
@@ -283,8 +283,9 @@ class HostPending:
     ) -> None:
         """Add every number buffer's numbers to ``runs``; ``consume`` deletes from each
         buffer the numbers its copy held (see the module docstring)."""
-        for name, old in self._leftover:  # nobody else holds these
-            runs.read(index[name], old, now)
+        for name, values, weights, stamp in self._leftover:  # nobody else holds these
+            wts = None if weights is None else weights.tobytes()
+            runs.add(index[name], values.tobytes(), wts, now if stamp is None else stamp)
         if consume:
             self._leftover = []
         bufs = list(self.fast.values())  # in the order of the names in ``fast``
@@ -302,11 +303,11 @@ class HostPending:
         counts = runs.add_copies(copies, slots, stamps)
         if consume:
             _delete(bufs, counts.tolist())
-        pairs = [item for item in self.weighted.items() if item[1][0]]
+        pairs = [item for item in self.weighted.items() if item[1]]
         for name, pair in pairs:
-            n = runs.read(index[name], pair, now)
+            n = runs.read_pairs(index[name], pair, now)
             if consume:
-                _delete(list(pair), [n, n])
+                _delete([pair], [n])
 
     def export(self) -> Held:
         """Every pending sample, copied, as this object holds it (the caller holds the
@@ -317,19 +318,11 @@ class HostPending:
                 stamp = buf.stamp if buf.__class__ is StampedBuffer else None
                 held.numbers.append((name, np.frombuffer(buf.tobytes()), stamp))
         for name, pair in self.weighted.items():
-            n = _length(pair)
+            both = np.frombuffer(pair.tobytes())
+            n = len(both) // 2
             if n:
-                values, weights = (np.frombuffer(b.tobytes())[:n] for b in pair)
-                held.pairs.append((name, values, weights))
-        for name, buf in self._leftover:
-            n = _length(buf)
-            if n:
-                if isinstance(buf, tuple):
-                    v, w = (np.frombuffer(b.tobytes())[:n] for b in buf)
-                    held.retired.append((name, v, w, None))
-                else:
-                    stamp = buf.stamp if isinstance(buf, StampedBuffer) else None
-                    held.retired.append((name, np.frombuffer(buf.tobytes())[:n], None, stamp))
+                held.pairs.append((name, both[0 : 2 * n : 2].copy(), both[1 : 2 * n : 2].copy()))
+        held.retired = list(self._leftover)  # never changed: see restore
         held.arrays = [(name, list(parts)) for name, parts in self._arrays.items()]
         start = 0
         slots, lengths, stamps, weighted = self._meta
@@ -357,18 +350,12 @@ class HostPending:
         for name, values, paired in held.pairs:
             pair = self.open_weighted(name, specs[name])
             assert pair is not None  # checked by the decoder
-            pair[0].frombytes(values.astype(np.float64).tobytes())
-            pair[1].frombytes(paired.astype(np.float64).tobytes())
+            both = np.column_stack([values, paired]).astype(np.float64)
+            pair.frombytes(both.tobytes())  # C order: value, weight, value, ...
         for name, values, weights, stamp in held.retired:
-            if weights is not None:
-                self._leftover.append((name, (_buffer(values), _buffer(weights))))
-            elif stamp is not None:
-                buf = StampedBuffer("d")
-                buf.frombytes(values.astype(np.float64).tobytes())
-                buf.stamp = stamp
-                self._leftover.append((name, buf))
-            else:
-                self._leftover.append((name, _buffer(values)))
+            if len(values):
+                wts = None if weights is None else np.array(weights, dtype=np.float64)
+                self._leftover.append((name, np.array(values, dtype=np.float64), wts, stamp))
         for name, parts in held.arrays:
             self._arrays[name] = list(parts)
             self._extended += sum(map(len, parts))
@@ -425,19 +412,6 @@ def _delete(bufs: list[Any], counts: list[int] | None) -> None:
     loop."""
     cuts = repeat(_WHOLE, len(bufs)) if counts is None else map(slice, counts)
     deque(map(array.__delitem__, bufs, cuts), maxlen=0)
-
-
-def _buffer(values: np.ndarray) -> array:
-    """A number buffer holding ``values``."""
-    buf = array("d")
-    buf.frombytes(values.astype(np.float64).tobytes())
-    return buf
-
-
-def _length(buf: Any) -> int:
-    """Numbers in a buffer; a pair counts the samples both halves hold (another thread
-    may be between its two appends)."""
-    return min(len(buf[0]), len(buf[1])) if isinstance(buf, tuple) else len(buf)
 
 
 class Captured:

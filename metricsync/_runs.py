@@ -182,19 +182,22 @@ class Runs:
 
     def read(self, slot: int, buf: Any, now: float) -> int:
         """Add ``buf``'s numbers (a copy taken in one call, so an append elsewhere neither
-        fails nor slips in between); return how many it holds. A pair (weighted numbers)
-        counts the samples both halves hold: another thread may be between its appends."""
-        if isinstance(buf, tuple):
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            n = min(len(values), len(weights)) // 8
-            if n:
-                self._add(slot, values[: 8 * n], weights[: 8 * n], now, n)
-            return n
+        fails nor slips in between); return how many it holds."""
         data = buf.tobytes()
         n = len(data) // 8
         if n:
-            self._add(slot, data, None, getattr(buf, "stamp", now), n)
+            self.add(slot, data, None, getattr(buf, "stamp", now), n)
         return n
+
+    def read_pairs(self, slot: int, buf: Any, now: float) -> int:
+        """Add a weighted buffer's samples (value, weight, value, ...: copied in one call);
+        return how many floats it held."""
+        data = buf.tobytes()
+        n = len(data) // 16
+        if n:
+            both = np.frombuffer(data, count=2 * n)
+            self.add(slot, both[0::2].tobytes(), both[1::2].tobytes(), now, n)
+        return 2 * n
 
     def read_arrays(
         self, index: Mapping[str, int], arrays: Mapping[str, list[np.ndarray]], now: float
@@ -223,7 +226,11 @@ class Runs:
             self.bulk.append((b"".join(copies), counts[held], slots[held], stamps[held]))
         return counts
 
-    def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
+    def add(
+        self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int = -1
+    ) -> None:
+        """Add one run: ``values`` (float64 bytes), their weights, slot and time."""
+        n = len(values) // 8 if n < 0 else n
         self.values.append(values)
         self.weights.append(weights)
         self.weighted |= weights is not None

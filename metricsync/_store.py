@@ -34,7 +34,7 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._keys import Lookup, clash, clash_error, first_clash
-from ._pending import FAST_LIMIT, Held, HostPending
+from ._pending import FAST_LIMIT, PAIR_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
@@ -213,12 +213,11 @@ class Store:
             if not n:
                 return
             if n == 1 and w is not None:  # a weighted number: it and its next ones take the
-                # pair of buffers the fast path appends to, whether or not it was open
+                # buffer the fast path appends to, whether or not it was open
                 pair = self.pending.open_weighted(name, spec)
                 if pair is not None:
-                    pair[0].append(float(values[0]))
-                    pair[1].append(float(w[0]))
-                    if len(pair[0]) >= FAST_LIMIT:
+                    pair.extend((float(values[0]), float(w[0])))
+                    if len(pair) >= PAIR_LIMIT:
                         self.flush()
                     return
             stamp = al.now_us()

@@ -108,13 +108,13 @@ def test_arrays_listed_under_a_name_fold_once() -> None:
 def test_a_weighted_number_appended_to_a_pair_held_across_a_fold_folds_at_the_next_one() -> None:
     pending = HostPending()
     pending.open_weighted("x", Spec("mean"))
-    values, weights = held = pending.weighted["x"]  # fetched by a thread before the fold
-    values.append(1.0), weights.append(2.0)
+    held = pending.weighted["x"]  # fetched by a thread before the fold
+    held.extend((1.0, 2.0))
     assert samples(pending.take(INDEX, consume=True)) == {0: [(1.0, 2.0)]}
-    values.append(3.0), weights.append(4.0)  # lands in the old pair, after the swap
-    pending.weighted["x"][0].append(5.0), pending.weighted["x"][1].append(6.0)
+    held.extend((3.0, 4.0))  # lands after the fold
+    pending.weighted["x"].extend((5.0, 6.0))
     assert samples(pending.take(INDEX, consume=True)) == {0: [(3.0, 4.0), (5.0, 6.0)]}
-    del held, values, weights
+    del held
     assert samples(pending.take(INDEX, consume=True)) == {}
     assert pending.empty()
 
@@ -136,7 +136,7 @@ def test_a_consuming_fold_nobody_races_leaves_nothing_pending() -> None:
     pending.open("x", Spec("sum"))
     pending.open_weighted("y", Spec("mean"))
     pending.fast["x"].append(1.0)
-    pending.weighted["y"][0].append(2.0), pending.weighted["y"][1].append(3.0)
+    pending.weighted["y"].extend((2.0, 3.0))
     pending.extend("x", np.arange(100.0))
     pending.add(2, np.array([4.0, 5.0]), np.array([1.0, 0.5]), 7.0)
     got = samples(pending.take(INDEX, consume=True))
@@ -156,14 +156,14 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         held_w = pending.weighted["w"]
         now[0] = 2.0
         held_x.append(1.0), held_y.append(2.0)
-        held_w[0].append(3.0), held_w[1].append(0.5)
+        held_w.extend((3.0, 0.5))
         pending.take(INDEX, consume=True)  # the three are still held
         now[0] = 4.0
         held_x.append(5.0), held_y.append(6.0)  # late numbers: the buffers are still theirs
-        held_w[0].append(7.0), held_w[1].append(2.0)
+        held_w.extend((7.0, 2.0))
         now[0] = 6.0
         pending.fast["x"].append(8.0), pending.fast["y"].append(9.0)
-        pending.weighted["w"][0].append(10.0), pending.weighted["w"][1].append(3.0)
+        pending.weighted["w"].extend((10.0, 3.0))
         pending.extend("z", np.arange(100.0))  # no buffer for z: refused
         pending.open("z", Spec("sum"))
         pending.extend("z", np.arange(100.0))
@@ -175,7 +175,7 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         for buf in (held_x, held_y, pending.fast["x"], pending.fast["y"]):
             buf.append(-1.0)
         for pair in (held_w, pending.weighted["w"]):
-            pair[0].append(-1.0), pair[1].append(1.0)
+            pair.extend((-1.0, 1.0))
         pending.extend("z", np.arange(100.0))
         pending.add(3, np.array([-1.0]), None, 10.0)
         got = stamped(captured.batch(INDEX))
