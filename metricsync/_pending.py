@@ -305,7 +305,7 @@ class HostPending:
             _delete(bufs, counts.tolist())
         pairs = [item for item in self.weighted.items() if item[1]]
         for name, pair in pairs:
-            n = runs.read_pairs(index[name], pair, now)
+            n = runs.add_pairs(index[name], array.tobytes(pair), now)
             if consume:
                 _delete([pair], [n])
 

@@ -189,10 +189,9 @@ class Runs:
             self.add(slot, data, None, getattr(buf, "stamp", now), n)
         return n
 
-    def read_pairs(self, slot: int, buf: Any, now: float) -> int:
-        """Add a weighted buffer's samples (value, weight, value, ...: copied in one call);
-        return how many floats it held."""
-        data = buf.tobytes()
+    def add_pairs(self, slot: int, data: bytes, now: float) -> int:
+        """Add a weighted buffer's samples from its copy ``data`` (value, weight, value,
+        ...: ``array.tobytes``); return how many floats it held."""
         n = len(data) // 16
         if n:
             both = np.frombuffer(data, count=2 * n)
