@@ -16,7 +16,7 @@ import pytest
 
 import metricsync._algebra as al
 from metricsync._fold import Batch
-from metricsync._pending import HostPending
+from metricsync._pending import Held, HostPending
 from metricsync._spec import Spec
 
 INDEX = {"x": 0, "y": 1, "z": 2, "w": 3}
@@ -184,3 +184,29 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
     assert got[1] == [(6.0, 1.0, 8.0), (9.0, 1.0, 8.0)]  # y: the time of the read
     assert got[3] == [(7.0, 2.0, 8.0), (10.0, 3.0, 8.0), (11.0, 1.0, 5.0), (12.0, 4.0, 5.0)]
     assert got[2] == [(float(v), 1.0, 8.0) for v in sorted(range(100))]
+
+
+def test_restored_retired_numbers_fold_once_as_their_own_runs() -> None:
+    # checkpoints of earlier versions carry numbers read apart from their name's buffer
+    held = Held(
+        retired=[
+            ("x", np.array([1.0, 2.0]), None, None),
+            ("w", np.array([3.0]), np.array([2.0]), None),
+            ("y", np.array([4.0]), None, 7.0),  # a ``last`` buffer's time
+        ]
+    )
+    pending = HostPending()
+    specs = {"x": Spec("sum"), "w": Spec("mean"), "y": Spec("last")}
+    pending.restore(held, specs)
+    assert not pending.empty() and pending.held() == {"x", "w", "y"}
+    again = pending.export().retired
+    assert [(n, v.tolist(), None if w is None else w.tolist(), t) for n, v, w, t in again] == [
+        ("x", [1.0, 2.0], None, None),
+        ("w", [3.0], [2.0], None),
+        ("y", [4.0], None, 7.0),
+    ]
+    with clock():
+        want = {0: [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0)], 1: [(4.0, 1.0, 7.0)], 3: [(3.0, 2.0, 1.0)]}
+        assert stamped(pending.take(INDEX, consume=False)) == want
+        assert stamped(pending.take(INDEX, consume=True)) == want
+    assert pending.empty() and pending.take(INDEX, consume=True) is None
