@@ -17,11 +17,12 @@ counted over the touched cells only, never a full sketch per record
 Threads: a name keeps one number buffer (one pair) from its first record
 until its spec changes; nothing here ever replaces it. Recording threads
 append to it without a lock; everything else runs under the store's lock. A
-read copies a buffer in one call (``tobytes``: never exporting its memory,
-which an ``append`` elsewhere would then fail to resize), and a consuming
-fold deletes exactly the numbers that copy held (``del buf[:n]``, one more
-call): a number appended between the two lies past them and stays for the
-next fold. So no sample of a ``record`` that returned is lost or read twice,
+read copies the buffers and knows how many numbers it copied of each
+(:func:`metricsync._runs.copy_numbers`: one ``join`` that holds the GIL, or
+one ``tobytes`` call per buffer, which never exports its memory, where no GIL
+runs), and a consuming fold deletes exactly those (``del buf[:n]``, one call):
+a number appended between the two lies past them and stays for the next
+fold. So no sample of a ``record`` that returned is lost or read twice,
 whatever the threads hold, on the one condition that each call on a buffer
 (``append``, ``extend``, ``tobytes``, a slice deletion) is atomic, as the
 GIL makes them (and the per-object locks of free-threaded CPython 3.14).
@@ -49,7 +50,7 @@ import numpy as np
 
 from . import _algebra as al
 from ._fold import Batch, Cells
-from ._runs import Chunk, Rows, Runs, to_batch
+from ._runs import Chunk, Rows, Runs, copy_numbers, to_batch
 from ._spec import Spec
 
 __all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "PAIR_LIMIT", "Captured", "Held", "HostPending"]
@@ -296,11 +297,11 @@ class HostPending:
                 bufs = [bufs[i] for i in busy.tolist()]
                 slots = slots[busy]
                 stamped = np.flatnonzero(np.isin(busy, stamped))
-        copies = list(map(array.tobytes, bufs))  # each one call: its count is what it read
+        data, counts = copy_numbers(bufs)  # exactly what it read of each
         stamps = np.full(len(bufs), now)  # read after the numbers: no number is later
         if len(stamped):
             stamps[stamped] = [bufs[i].stamp for i in stamped.tolist()]
-        counts = runs.add_copies(copies, slots, stamps)
+        runs.add_bulk(data, counts, slots, stamps)
         if consume:
             _delete(bufs, counts.tolist())
         pairs = [item for item in self.weighted.items() if item[1]]

@@ -19,8 +19,9 @@ into the flat arrays the fold takes, with no Python object per sample.
 
 from __future__ import annotations
 
+import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from . import _algebra as al
 from ._fold import Batch, Cells
 
-__all__ = ["Chunk", "Rows", "Runs", "to_batch"]
+__all__ = ["Chunk", "Rows", "Runs", "copy_numbers", "to_batch"]
 
 
 class Chunk(NamedTuple):
@@ -148,6 +149,26 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(nonempty, dtype=np.float64)
 
 
+def copy_numbers(bufs: list[Any]) -> tuple[bytes, np.ndarray]:
+    """The numbers of number buffers ``bufs``, joined, and how many each held: exactly
+    the numbers read, whatever other threads append meanwhile (a consuming fold deletes
+    those). Under the GIL, one ``join`` of the arrays themselves (one copy: as they are
+    mutable, it holds the GIL throughout, so no append lands midway); an append between
+    the lengths and the join makes the total disagree. Then, and without a GIL (where an
+    append to an exported array would fail), a copy of each buffer, taken in one call."""
+    if _gil_enabled():
+        counts = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
+        data = b"".join(bufs)
+        if len(data) == 8 * int(counts.sum()):
+            return data, counts
+    copies = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
+    counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
+    return b"".join(copies), counts
+
+
+_gil_enabled: Callable[[], bool] = getattr(sys, "_is_gil_enabled", lambda: True)
+
+
 class Runs:
     """Buffered numbers read out as runs: bytes, count, slot and time of each."""
 
@@ -209,21 +230,20 @@ class Runs:
             self.array_stamp.append(now)
 
     def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add the numbers of number buffers ``bufs`` (each copied in one call), of slots
+        """Add the numbers of number buffers ``bufs`` (see :func:`copy_numbers`), of slots
         ``slots``, stamped ``stamps``; return how many each holds."""
-        return self.add_copies(list(map(array.tobytes, bufs)), slots, stamps)
+        data, counts = copy_numbers(bufs)
+        self.add_bulk(data, counts, slots, stamps)
+        return counts
 
-    def add_copies(self, copies: list[bytes], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add number buffers' copies (``array.tobytes`` of each, taken by the caller), of
-        slots ``slots``, stamped ``stamps``; return how many numbers each holds. A copy is
-        one call, never an export of the buffer's memory, so an append elsewhere neither
-        fails (an exported array cannot grow) nor lands midway: each count is exactly the
-        numbers read, the prefix a consuming fold then deletes."""
-        counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
+    def add_bulk(
+        self, data: bytes, counts: np.ndarray, slots: np.ndarray, stamps: np.ndarray
+    ) -> None:
+        """Add number buffers' numbers ``data``: ``counts[i]`` of them of slot ``slots[i]``,
+        stamped ``stamps[i]`` (as :func:`copy_numbers` read them)."""
         held = counts > 0
         if held.any():
-            self.bulk.append((b"".join(copies), counts[held], slots[held], stamps[held]))
-        return counts
+            self.bulk.append((data, counts[held], slots[held], stamps[held]))
 
     def add(
         self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int = -1

@@ -29,6 +29,7 @@ import pytest
 import metricsync as ms
 import metricsync._metrics as metrics_module
 import metricsync._pending as pending_module
+import metricsync._runs as runs_module
 import metricsync._store as store_module
 from metricsync._pending import HostPending
 from metricsync._spec import Spec
@@ -79,12 +80,17 @@ def small_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module, "PAIR_LIMIT", 64)
 
 
-@pytest.mark.parametrize("limits", ["as shipped", "small buffers"])
+@pytest.mark.parametrize("limits", ["as shipped", "small buffers", "small buffers, no GIL read"])
 def test_four_threads_recording_the_same_names_while_another_folds(
-    switch_every_microsecond: None, limits: str, request: pytest.FixtureRequest
+    switch_every_microsecond: None,
+    limits: str,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if limits == "small buffers":
+    if limits.startswith("small buffers"):
         request.getfixturevalue("small_buffers")
+    if limits.endswith("no GIL read"):  # the read a free-threaded build takes: copy each
+        monkeypatch.setattr(runs_module, "_gil_enabled", lambda: False)
     m = ms.Metrics(SPECS)
     for name in ("n", "l"):  # the names' buffers open: every record below takes the fast path
         m.record(name, 0.0)
@@ -141,18 +147,6 @@ def test_four_threads_recording_the_same_names_while_another_folds(
     assert ms.Metrics.from_bytes(m.to_bytes()).compute() == m.compute()
 
 
-class _LandsAfterTheCopy(array):  # type: ignore[type-arg,unused-ignore]
-    """Stands in for ``array`` in ``metricsync._pending``: each copy of a buffer is
-    followed at once by another thread's append to it (as if a switch came between a
-    fold's copy and its deletion)."""
-
-    @staticmethod
-    def tobytes(buf: array) -> bytes:  # type: ignore[override]
-        data = array.tobytes(buf)
-        array.append(buf, 1.0)
-        return data
-
-
 def test_a_number_appended_between_a_folds_copy_and_its_deletion_folds_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -162,7 +156,14 @@ def test_a_number_appended_between_a_folds_copy_and_its_deletion_folds_next(
     buf, pair = pending.fast["x"], pending.weighted["w"]
     buf.append(5.0)
     pair.extend((5.0, 2.0))
-    monkeypatch.setattr(pending_module, "array", _LandsAfterTheCopy)
+    delete = pending_module._delete
+
+    def late(bufs: list[array], counts: list[int] | None) -> None:
+        for held in bufs:  # another thread's append, after the fold's copy
+            held.append(1.0)
+        delete(bufs, counts)
+
+    monkeypatch.setattr(pending_module, "_delete", late)
     first = pending.take({"x": 0, "w": 1}, consume=True)
     monkeypatch.undo()
     assert first is not None and sorted(first.values.tolist()) == [5.0, 5.0]
