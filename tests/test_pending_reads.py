@@ -72,7 +72,7 @@ def test_a_number_appended_to_a_buffer_held_across_a_fold_folds_at_the_next_one(
     held = pending.fast["x"]  # a recording thread fetched the buffer before the fold
     held.append(1.0)
     assert samples(pending.take(INDEX, consume=True)) == {0: ones(1.0)}
-    held.append(2.0)  # its append lands in the old buffer, after the swap
+    held.append(2.0)  # its append lands after the fold, in the buffer it holds
     pending.fast["x"].append(3.0)
     assert samples(pending.take(INDEX, consume=True)) == {0: ones(2.0, 3.0)}
     held.append(4.0)  # still held: still read, past what was read already
