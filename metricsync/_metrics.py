@@ -139,7 +139,7 @@ class Metrics:
                 if mask is None and (w is float or w is int) and 0 <= weight < _INF:
                     pair = self._weighted[name]
                     v, w = float(value), float(weight)  # both fit before either is appended
-                    pair.extend((v, w))  # one call: no other thread's pair lands between
+                    pair.fromlist([v, w])  # one call: no other thread's pair lands between
                     if len(pair) >= PAIR_LIMIT:
                         self._store.flush()
                     return

@@ -1,8 +1,9 @@
 """Host samples waiting to be folded into the state table, and the vectorized fold.
 
 Python numbers go to a per-name ``array('d')`` (weighted ones to another,
-value and weight side by side, appended in one call): the hot path of ``record`` is a dict lookup and an append, without a
-lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
+value and weight side by side, appended in one call): the hot path of
+``record`` is a dict lookup and an append, without a lock; a list of numbers
+extends it. Small arrays, CPU tensors and the kept
 samples of masked ones are listed under their name (a copy each; the kept
 samples are one already), so that a name's samples fold as one run. Those of
 a ``last`` metric (whose buffer keeps the time of its latest number), a
@@ -140,7 +141,7 @@ class HostPending:
 
     def open_weighted(self, name: str, spec: Spec) -> array | None:
         """Give ``name`` a buffer for weighted Python numbers (the fast path), which
-        ``extend((value, weight))`` appends to: one call, so that two threads recording
+        ``fromlist([value, weight])`` appends to: one call, so that two threads recording
         the name never interleave a value with another's weight; return it (None where
         its spec takes none: ``last`` and ``nan="error"``)."""
         if spec.nan == "error" or "last" in spec.reduce:
@@ -296,7 +297,8 @@ class HostPending:
             if len(busy) < len(bufs):
                 bufs = [bufs[i] for i in busy.tolist()]
                 slots = slots[busy]
-                stamped = np.flatnonzero(np.isin(busy, stamped))
+                if len(stamped):
+                    stamped = np.flatnonzero(np.isin(busy, stamped))
         data, counts = copy_numbers(bufs)  # exactly what it read of each
         stamps = np.full(len(bufs), now)  # read after the numbers: no number is later
         if len(stamped):

@@ -239,7 +239,7 @@ class Store:
             # buffer the fast path appends to, whether or not it was open
             pair = self.pending.open_weighted(name, spec)
             if pair is not None:
-                pair.extend((float(values[0]), float(w[0])))
+                pair.fromlist([float(values[0]), float(w[0])])
                 if len(pair) >= PAIR_LIMIT:
                     self.flush()
                 return
