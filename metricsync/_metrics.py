@@ -33,7 +33,7 @@ from ._errors import CodecError
 from ._formatting import format_line, numbers_of
 from ._histogram import Histogram, table_histograms
 from ._keys import check_table
-from ._pending import FAST_LIMIT
+from ._pending import FAST_LIMIT, PAIR_LIMIT
 from ._rules import SpecTable
 from ._spec import Spec
 from ._store import Store
@@ -137,9 +137,8 @@ class Metrics:
                 if mask is None and (w is float or w is int) and 0 <= weight < _INF:
                     pair = self._weighted[name]
                     v, w = float(value), float(weight)  # both fit before either is appended
-                    pair[0].append(v)
-                    pair[1].append(w)
-                    if len(pair[0]) >= FAST_LIMIT:
+                    pair.fromlist([v, w])  # one call: no other thread's pair lands between
+                    if len(pair) >= PAIR_LIMIT:
                         self._store.flush()
                     return
             except (KeyError, TypeError, OverflowError):  # not open yet, unhashable, too big

@@ -1,8 +1,9 @@
 """Host samples waiting to be folded into the state table, and the vectorized fold.
 
-Python numbers go to a per-name ``array('d')`` (weighted ones to a pair of
-them): the hot path of ``record`` is a dict lookup and an append, without a
-lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
+Python numbers go to a per-name ``array('d')`` (weighted ones to another,
+value and weight side by side, appended in one call): the hot path of
+``record`` is a dict lookup and an append, without a lock; a list of numbers
+extends it. Small arrays, CPU tensors and the kept
 samples of masked ones are listed under their name (a copy each; the kept
 samples are one already), so that a name's samples fold as one run. Those of
 a ``last`` metric (whose buffer keeps the time of its latest number), a
@@ -14,15 +15,18 @@ needed column, runs of a slot merged with the merge algebra, and sketch cells
 counted over the touched cells only, never a full sketch per record
 (:func:`metricsync._fold.fold`).
 
-Threads: a consuming fold swaps each number buffer for a new one and reads
-the old one by copy (never exporting its memory, which an ``append``
-elsewhere would then fail to resize). A thread that fetched a buffer just
-before the swap may still append to it, so old buffers stay "retired" and are
-read again at every fold until no other reference to them remains: no
-sample of a ``record`` that returned is lost. A buffer is never truncated in
-place (a fold or ``clear`` swaps it for a new one), which lets ``capture``
-(an async sync's snapshot) note each buffer's length now and read that many
-numbers later, on another thread, changing nothing here.
+Threads: a name keeps one number buffer (one pair) from its first record
+until its spec changes; nothing here ever replaces it. Recording threads
+append to it without a lock; everything else runs under the store's lock. A
+read copies the buffers and knows how many numbers it copied of each
+(:func:`metricsync._runs.copy_numbers`: one ``join`` that holds the GIL, or
+one ``tobytes`` call per buffer, which never exports its memory, where no GIL
+runs), and a consuming fold deletes exactly those (``del buf[:n]``, one call):
+a number appended between the two lies past them and stays for the next
+fold. So no sample of a ``record`` that returned is lost or read twice,
+whatever the threads hold, on the one condition that each call on a buffer
+(``append``, ``extend``, ``tobytes``, a slice deletion) is atomic, as the
+GIL makes them (and the per-object locks of free-threaded CPython 3.14).
 
 >>> from metricsync._fold import fold
 >>> from metricsync._spec import Spec
@@ -36,8 +40,8 @@ numbers later, on another thread, changing nothing here.
 
 from __future__ import annotations
 
-import sys
 from array import array
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
@@ -47,12 +51,13 @@ import numpy as np
 
 from . import _algebra as al
 from ._fold import Batch, Cells
-from ._runs import Chunk, Rows, Runs, to_batch
+from ._runs import Chunk, Rows, Runs, copy_numbers, to_batch
 from ._spec import Spec
 
-__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "Captured", "Held", "HostPending"]
+__all__ = ["CHUNK_LIMIT", "FAST_LIMIT", "PAIR_LIMIT", "Captured", "Held", "HostPending"]
 
 FAST_LIMIT = 4096  #: numbers a name buffers before a fold
+PAIR_LIMIT = 2 * FAST_LIMIT  #: floats a weighted buffer holds before a fold (value, weight)
 CHUNK_LIMIT = 1 << 16  #: array samples buffered before a fold; larger arrays fold at once
 _RECORD_LIMIT = 1 << 10  #: array records buffered before a fold
 _JOINED_MAX = 64  #: arrays of at most this many samples join their name's number buffer
@@ -80,14 +85,7 @@ class StampedBuffer(array):  # type: ignore[type-arg,unused-ignore]
             raise
 
 
-_EMPTY = array("d")  #: an empty buffer: a slice of it is a new one, made faster than array("d")
 _WHOLE = slice(None)
-
-
-def _new_stamped(like: StampedBuffer) -> StampedBuffer:
-    fresh = StampedBuffer("d")
-    fresh.ignore_nan = like.ignore_nan
-    return fresh
 
 
 @dataclass
@@ -99,7 +97,9 @@ class Held:
     #: name, its number buffer's numbers, the time of a ``last`` metric's latest number
     numbers: list[tuple[str, np.ndarray, float | None]] = field(default_factory=list)
     pairs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # weighted
-    #: buffers a fold swapped out while another thread held them: name, values, weights, time
+    #: numbers read as their own run, apart from their name's buffer (checkpoints of
+    #: versions that kept a buffer swapped out while a thread held it): name, values,
+    #: weights, time
     retired: list[tuple[str, np.ndarray, np.ndarray | None, float | None]] = field(
         default_factory=list
     )
@@ -114,8 +114,8 @@ class HostPending:
 
     def __init__(self) -> None:
         self.fast: dict[str, Any] = {}  # name -> array('d')
-        self.weighted: dict[str, tuple[Any, Any]] = {}  # name -> (values, weights)
-        self._retired: list[tuple[str, Any, int]] = []  # (name, buffer or pair, read)
+        self.weighted: dict[str, array] = {}  # name -> array('d'): value, weight, value, ...
+        self._leftover: list[tuple[str, np.ndarray, np.ndarray | None, float | None]] = []
         self._vals = np.empty(0)
         self._wts: np.ndarray | None = None
         self._used = 0
@@ -139,14 +139,16 @@ class HostPending:
         else:
             self.fast[name] = array("d")
 
-    def open_weighted(self, name: str, spec: Spec) -> tuple[Any, Any] | None:
-        """Give ``name`` a pair of buffers for weighted Python numbers (the fast path);
-        return it (None where its spec takes none: ``last`` and ``nan="error"``)."""
+    def open_weighted(self, name: str, spec: Spec) -> array | None:
+        """Give ``name`` a buffer for weighted Python numbers (the fast path), which
+        ``fromlist([value, weight])`` appends to: one call, so that two threads recording
+        the name never interleave a value with another's weight; return it (None where
+        its spec takes none: ``last`` and ``nan="error"``)."""
         if spec.nan == "error" or "last" in spec.reduce:
             return None
         pair = self.weighted.get(name)
         if pair is None:
-            pair = self.weighted[name] = (array("d"), array("d"))
+            pair = self.weighted[name] = array("d")
         return pair
 
     def fits(self, n: int) -> bool:
@@ -207,22 +209,22 @@ class HostPending:
 
     def clear(self) -> None:
         """Forget every pending sample."""
-        # the same keys: the dict is updated in place, and the record path holds it
-        self._renew(list(compress(self.fast, self.fast.values())))  # those holding numbers
-        self.weighted.update(
-            {n: (_EMPTY[:], _EMPTY[:]) for n, (v, _) in self.weighted.items() if v}
-        )
-        self._retired, self._used, self._rows = [], 0, Rows()
+        # in place: the record path holds the buffers (C loops: a reset of 10,000 names)
+        _delete(list(compress(self.fast.values(), self.fast.values())), None)
+        for name in self._stamped:
+            self.fast[name].stamp = -np.inf
+        _delete(list(compress(self.weighted.values(), self.weighted.values())), None)
+        self._leftover, self._used, self._rows = [], 0, Rows()
         self._arrays, self._extended = {}, 0
         self._meta = [array("q"), array("q"), array("d"), array("b")]
 
     def empty(self) -> bool:
         """Whether no sample is pending."""
-        if self._retired or self._used or self._rows.slot or self._arrays:
+        if self._leftover or self._used or self._rows.slot or self._arrays:
             return False
         if any(self.fast.values()):
             return False
-        return not any(values for values, _ in self.weighted.values())
+        return not any(self.weighted.values())
 
     def appended(self) -> int:
         """How many numbers the number buffers hold: only an append (the lock-free path
@@ -234,16 +236,14 @@ class HostPending:
         """
         n = sum(map(len, self.fast.values()))
         if self.weighted:
-            n += sum(len(v) + len(w) for v, w in self.weighted.values())
-        for _, buf, _ in self._retired:
-            n += len(buf[0]) + len(buf[1]) if isinstance(buf, tuple) else len(buf)
+            n += sum(map(len, self.weighted.values()))
         return n
 
     def held(self) -> set[str]:
         """Names with pending numbers (they may still be NaN that a fold drops)."""
         names = {n for n, b in self.fast.items() if len(b)}
-        names.update(n for n, (v, _) in self.weighted.items() if len(v))
-        names.update(n for n, _, _ in self._retired)
+        names.update(n for n, b in self.weighted.items() if len(b))
+        names.update(entry[0] for entry in self._leftover)
         names.update(self._arrays)
         return names
 
@@ -260,56 +260,18 @@ class HostPending:
         False
         """
         return not (
-            self.fast or self.weighted or self._retired or self._arrays or self._used
+            self.fast or self.weighted or self._leftover or self._arrays or self._used
         ) and not (len(self._meta[0]) or len(self._rows.slot))
 
     def take(self, index: Mapping[str, int], consume: bool) -> Batch | None:
         """Every pending sample as a :class:`Batch` (None if none); ``consume`` empties the
-        buffers, else they are read by copy and left as they are."""
+        buffers of what was read (a number appended meanwhile stays), else they are read
+        by copy and left as they are."""
         if self.untouched():
             return None
         now = al.now_us()
         runs = Runs()
-        kept: list[tuple[str, Any, int]] = []
-        for name, old, done in self._retired:
-            # the list entry, the loop variable and getrefcount's argument: nobody else holds
-            # it, so nobody can append to it any more once it is read
-            held = sys.getrefcount(old) > 3
-            n = runs.read(index[name], old, done, now)
-            if held or not consume:
-                kept.append((name, old, n if consume else done))
-        bufs = list(self.fast.values())  # in the order of the names in ``fast``
-        slots, stamped = self._order_of(index)
-        if consume:  # swap out the buffers holding numbers first, then read them
-            names = list(self.fast)
-            busy: list[int] = []
-            if any(bufs):  # a C loop: the buffers may all be empty
-                sizes = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
-                busy = np.flatnonzero(sizes).tolist()
-            self._renew(names if len(busy) == len(names) else [names[i] for i in busy])
-            taken = [bufs[i] for i in busy]
-            stamps = [buf.stamp if buf.__class__ is StampedBuffer else now for buf in taken]
-            counts = runs.read_bulk(taken, slots[busy], np.array(stamps, dtype=np.float64))
-            del taken
-            for i, n in zip(busy, counts.tolist()):
-                # the list entry, the variable and getrefcount's argument: a recording
-                # thread that fetched the buffer before the swap holds one more
-                buf = bufs[i]
-                if sys.getrefcount(buf) > 3:
-                    kept.append((names[i], buf, n))
-        else:
-            stamps_all = np.full(len(bufs), now)
-            if len(stamped):
-                stamps_all[stamped] = [bufs[i].stamp for i in stamped.tolist()]
-            runs.read_bulk(bufs, slots, stamps_all)
-        pairs = [item for item in self.weighted.items() if item[1][0]]
-        if consume:
-            self.weighted.update({name: (_EMPTY[:], _EMPTY[:]) for name, _ in pairs})
-        for name, pair in pairs:
-            n = runs.read(index[name], pair, 0, now)
-            if consume and sys.getrefcount(pair) > 3:
-                kept.append((name, pair, n))
-        self._retired = kept
+        self._read_numbers(runs, index, now, consume)
         runs.read_arrays(index, self._arrays, now)
         batch = self._batch(runs)
         if consume:
@@ -317,6 +279,38 @@ class HostPending:
             self._used, self._rows = 0, Rows()
             self._meta = [array("q"), array("q"), array("d"), array("b")]
         return batch
+
+    def _read_numbers(
+        self, runs: Runs, index: Mapping[str, int], now: float, consume: bool
+    ) -> None:
+        """Add every number buffer's numbers to ``runs``; ``consume`` deletes from each
+        buffer the numbers its copy held (see the module docstring)."""
+        for name, values, weights, stamp in self._leftover:  # nobody else holds these
+            wts = None if weights is None else weights.tobytes()
+            runs.add(index[name], values.tobytes(), wts, now if stamp is None else stamp)
+        if consume:
+            self._leftover = []
+        bufs = list(self.fast.values())  # in the order of the names in ``fast``
+        slots, stamped = self._order_of(index)
+        if consume:  # only the buffers holding numbers (a C loop: they may all be empty)
+            busy = np.flatnonzero(np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs)))
+            if len(busy) < len(bufs):
+                bufs = [bufs[i] for i in busy.tolist()]
+                slots = slots[busy]
+                if len(stamped):
+                    stamped = np.flatnonzero(np.isin(busy, stamped))
+        data, counts = copy_numbers(bufs)  # exactly what it read of each
+        stamps = np.full(len(bufs), now)  # read after the numbers: no number is later
+        if len(stamped):
+            stamps[stamped] = [bufs[i].stamp for i in stamped.tolist()]
+        runs.add_bulk(data, counts, slots, stamps)
+        if consume:
+            _delete(bufs, counts.tolist())
+        pairs = [item for item in self.weighted.items() if item[1]]
+        for name, pair in pairs:
+            n = runs.add_pairs(index[name], array.tobytes(pair), now)
+            if consume:
+                _delete([pair], [n])
 
     def export(self) -> Held:
         """Every pending sample, copied, as this object holds it (the caller holds the
@@ -327,19 +321,11 @@ class HostPending:
                 stamp = buf.stamp if buf.__class__ is StampedBuffer else None
                 held.numbers.append((name, np.frombuffer(buf.tobytes()), stamp))
         for name, pair in self.weighted.items():
-            n = _length(pair)
+            both = np.frombuffer(pair.tobytes())
+            n = len(both) // 2
             if n:
-                values, weights = (np.frombuffer(b.tobytes())[:n] for b in pair)
-                held.pairs.append((name, values, weights))
-        for name, buf, done in self._retired:
-            n = _length(buf)
-            if n > done:
-                if isinstance(buf, tuple):
-                    v, w = (np.frombuffer(b.tobytes())[done:n] for b in buf)
-                    held.retired.append((name, v, w, None))
-                else:
-                    stamp = buf.stamp if isinstance(buf, StampedBuffer) else None
-                    held.retired.append((name, np.frombuffer(buf.tobytes())[done:n], None, stamp))
+                held.pairs.append((name, both[0 : 2 * n : 2].copy(), both[1 : 2 * n : 2].copy()))
+        held.retired = list(self._leftover)  # never changed: see restore
         held.arrays = [(name, list(parts)) for name, parts in self._arrays.items()]
         start = 0
         slots, lengths, stamps, weighted = self._meta
@@ -367,18 +353,12 @@ class HostPending:
         for name, values, paired in held.pairs:
             pair = self.open_weighted(name, specs[name])
             assert pair is not None  # checked by the decoder
-            pair[0].frombytes(values.astype(np.float64).tobytes())
-            pair[1].frombytes(paired.astype(np.float64).tobytes())
+            both = np.column_stack([values, paired]).astype(np.float64)
+            pair.frombytes(both.tobytes())  # C order: value, weight, value, ...
         for name, values, weights, stamp in held.retired:
-            if weights is not None:
-                self._retired.append((name, (_buffer(values), _buffer(weights)), 0))
-            elif stamp is not None:
-                buf = StampedBuffer("d")
-                buf.frombytes(values.astype(np.float64).tobytes())
-                buf.stamp = stamp
-                self._retired.append((name, buf, 0))
-            else:
-                self._retired.append((name, _buffer(values), 0))
+            if len(values):
+                wts = None if weights is None else np.array(weights, dtype=np.float64)
+                self._leftover.append((name, np.array(values, dtype=np.float64), wts, stamp))
         for name, parts in held.arrays:
             self._arrays[name] = list(parts)
             self._extended += sum(map(len, parts))
@@ -387,17 +367,6 @@ class HostPending:
         for slot, row, stamp in held.rows:
             self._rows.add(slot, row, None, stamp)
         self._rows.cells = list(held.cells)
-
-    def _renew(self, names: list[str]) -> None:
-        """Swap the number buffers of ``names`` for new empty ones of their kinds. Each name
-        is given its new buffer once (none holds one of another kind in between), and the
-        plain ones are made and stored by C loops: a reset of 10,000 names swaps them all."""
-        fast = self.fast
-        odd = self._stamped.intersection(names) if self._stamped else ()
-        stamped = {name: _new_stamped(fast[name]) for name in odd}
-        plain = [name for name in names if name not in odd] if odd else names
-        fast.update(zip(plain, map(_EMPTY.__getitem__, repeat(_WHOLE, len(plain)))))
-        fast.update(stamped)
 
     def _order_of(self, index: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """The slot of each name of ``fast``, in its order, and the positions of the
@@ -417,22 +386,14 @@ class HostPending:
         self._order = (self._removed, len(self.fast), slots, np.array(stamped, dtype=np.intp))
         return self._order[2], self._order[3]
 
-    def capture(self) -> Captured:
-        """The pending samples of this moment, to read later (on another thread) without
-        changing anything here: each number buffer with its length now (buffers only grow
-        in place; a fold or ``clear`` swaps them out, never truncates them) and a copy of
-        the array samples. The caller holds the store's lock."""
+    def capture(self, index: Mapping[str, int]) -> Captured:
+        """The pending samples of this moment, to fold later (on another thread) without
+        changing anything here: the numbers copied (one call per buffer, as a fold reads
+        them) and the array samples copied. The caller holds the store's lock; ``index``
+        maps names to slots."""
         now = al.now_us()
-        numbers = [(name, old, done, _length(old), now) for name, old, done in self._retired]
-        for i, (name, buf, done, n, _) in enumerate(numbers):
-            if n > done and isinstance(buf, StampedBuffer):  # its time now, not at the read
-                numbers[i] = (name, buf, done, n, buf.stamp)
-        numbers += [  # the length first, then the time, as above
-            (name, buf, 0, len(buf), buf.stamp if buf.__class__ is StampedBuffer else now)
-            for name, buf in self.fast.items()
-            if buf
-        ]
-        numbers += [(name, pair, 0, _length(pair), now) for name, pair in self.weighted.items()]
+        runs = Runs()
+        self._read_numbers(runs, index, now, consume=False)
         used, wts = self._used, self._wts
         chunk = Chunk(
             used,
@@ -442,47 +403,33 @@ class HostPending:
             self._rows.copy(),
         )
         arrays = {name: parts[:] for name, parts in self._arrays.items()}  # never changed
-        return Captured(numbers, chunk, arrays, now)
+        return Captured(runs, chunk, arrays, now)
 
     def _batch(self, runs: Runs) -> Batch | None:
         return to_batch(runs, Chunk(self._used, self._vals, self._wts, self._meta, self._rows))
 
 
-def _buffer(values: np.ndarray) -> array:
-    """A number buffer holding ``values``."""
-    buf = array("d")
-    buf.frombytes(values.astype(np.float64).tobytes())
-    return buf
-
-
-def _length(buf: Any) -> int:
-    """Numbers in a buffer; a pair counts the samples both halves hold (another thread
-    may be between its two appends)."""
-    return min(len(buf[0]), len(buf[1])) if isinstance(buf, tuple) else len(buf)
+def _delete(bufs: list[Any], counts: list[int] | None) -> None:
+    """Delete the first ``counts[i]`` numbers of each of ``bufs`` (all of them where
+    ``counts`` is None), in place: one call each (numbers appended since stay), in a C
+    loop."""
+    cuts = repeat(_WHOLE, len(bufs)) if counts is None else map(slice, counts)
+    deque(map(array.__delitem__, bufs, cuts), maxlen=0)
 
 
 class Captured:
     """Pending samples captured by :meth:`HostPending.capture`; ``batch`` reads them."""
 
-    def __init__(
-        self,
-        numbers: list[tuple[str, Any, int, int, float]],
-        chunk: Chunk,
-        arrays: dict[str, list[np.ndarray]],
-        now: float,
-    ):
-        self._numbers = numbers  # (name, buffer or pair, read before, length, time)
+    def __init__(self, runs: Runs, chunk: Chunk, arrays: dict[str, list[np.ndarray]], now: float):
+        self._runs = runs  # the numbers, copied
         self._chunk = chunk  # a HostPending holding copies of the array samples
         self._arrays = arrays  # name -> its listed arrays (see HostPending.extend)
         self._now = now
 
     def batch(self, index: Mapping[str, int]) -> Batch | None:
         """Every captured sample as a :class:`Batch` (None if none), as ``take`` would
-        have given at the capture; ``index`` maps names to slots. Reads once."""
-        runs = Runs()
-        for name, buf, done, n, stamp in self._numbers:
-            if n > done:
-                runs.read_until(index[name], buf, done, n, stamp)
-        self._numbers = []  # drop the buffers: a fold keeps a held buffer to read it again
+        have given at the capture; ``index`` maps names to slots (the capture's). Reads
+        once."""
+        runs, self._runs = self._runs, Runs()
         runs.read_arrays(index, self._arrays, self._now)
         return to_batch(runs, self._chunk)

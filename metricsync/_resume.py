@@ -233,7 +233,7 @@ def spec_opens(spec: Spec) -> bool:
 
 
 def pair_opens(spec: Spec) -> bool:
-    """Whether it has a pair of buffers for weighted numbers (``open_weighted``)."""
+    """Whether it has a buffer for weighted numbers (``open_weighted``)."""
     return spec.nan != "error" and "last" not in spec.reduce
 
 

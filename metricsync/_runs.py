@@ -9,7 +9,7 @@ into the flat arrays the fold takes, with no Python object per sample.
 
 >>> from array import array
 >>> runs = Runs()
->>> runs.read(3, array("d", [1.0, 2.0]), 0, now=5.0)
+>>> runs.read(3, array("d", [1.0, 2.0]), now=5.0)
 2
 >>> empty = Chunk(0, np.empty(0), None, [array("q"), array("q"), array("d"), array("b")], Rows())
 >>> batch = to_batch(runs, empty)
@@ -19,8 +19,9 @@ into the flat arrays the fold takes, with no Python object per sample.
 
 from __future__ import annotations
 
+import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from . import _algebra as al
 from ._fold import Batch, Cells
 
-__all__ = ["Chunk", "Rows", "Runs", "to_batch"]
+__all__ = ["Chunk", "Rows", "Runs", "copy_numbers", "to_batch"]
 
 
 class Chunk(NamedTuple):
@@ -148,6 +149,26 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(nonempty, dtype=np.float64)
 
 
+def copy_numbers(bufs: list[Any]) -> tuple[bytes, np.ndarray]:
+    """The numbers of number buffers ``bufs``, joined, and how many each held: exactly
+    the numbers read, whatever other threads append meanwhile (a consuming fold deletes
+    those). Under the GIL, one ``join`` of the arrays themselves (one copy: as they are
+    mutable, it holds the GIL throughout, so no append lands midway); an append between
+    the lengths and the join makes the total disagree. Then, and without a GIL (where an
+    append to an exported array would fail), a copy of each buffer, taken in one call."""
+    if _gil_enabled():
+        counts = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
+        data = b"".join(bufs)
+        if len(data) == 8 * int(counts.sum()):
+            return data, counts
+    copies = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
+    counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
+    return b"".join(copies), counts
+
+
+_gil_enabled: Callable[[], bool] = getattr(sys, "_is_gil_enabled", lambda: True)
+
+
 class Runs:
     """Buffered numbers read out as runs: bytes, count, slot and time of each."""
 
@@ -180,22 +201,23 @@ class Runs:
         self.array_slot: list[int] = []
         self.array_stamp: list[float] = []
 
-    def read(self, slot: int, buf: Any, done: int, now: float) -> int:
-        """Add ``buf``'s numbers past ``done`` (a copy taken in one call, so an append
-        elsewhere neither fails nor slips in between); return how many it holds."""
-        if isinstance(buf, tuple):  # another thread may be between its two appends
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            n = min(len(values), len(weights)) // 8
-            if n > done:
-                self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], now, n - done)
-            return n
+    def read(self, slot: int, buf: Any, now: float) -> int:
+        """Add ``buf``'s numbers (a copy taken in one call, so an append elsewhere neither
+        fails nor slips in between); return how many it holds."""
         data = buf.tobytes()
         n = len(data) // 8
-        if n > done:
-            self._add(
-                slot, data[8 * done :] if done else data, None, getattr(buf, "stamp", now), n - done
-            )
+        if n:
+            self.add(slot, data, None, getattr(buf, "stamp", now), n)
         return n
+
+    def add_pairs(self, slot: int, data: bytes, now: float) -> int:
+        """Add a weighted buffer's samples from its copy ``data`` (value, weight, value,
+        ...: ``array.tobytes``); return how many floats it held."""
+        n = len(data) // 16
+        if n:
+            both = np.frombuffer(data, count=2 * n)
+            self.add(slot, both[0::2].tobytes(), both[1::2].tobytes(), now, n)
+        return 2 * n
 
     def read_arrays(
         self, index: Mapping[str, int], arrays: Mapping[str, list[np.ndarray]], now: float
@@ -208,31 +230,26 @@ class Runs:
             self.array_stamp.append(now)
 
     def read_bulk(self, bufs: list[Any], slots: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """Add the numbers of number buffers ``bufs`` (read in one call), of slots
+        """Add the numbers of number buffers ``bufs`` (see :func:`copy_numbers`), of slots
         ``slots``, stamped ``stamps``; return how many each holds."""
-        # One copy: ``join`` reads the arrays themselves and, as they are mutable, holds the
-        # GIL throughout, so no append lands midway. One may land between the lengths and
-        # the join: then the total disagrees, and each buffer is copied once and measured.
-        counts = np.fromiter(map(len, bufs), dtype=np.int64, count=len(bufs))
-        data = b"".join(bufs)
-        if len(data) != 8 * int(counts.sum()):
-            copies = list(map(array.tobytes, bufs))  # a C loop (number buffers are arrays)
-            counts = np.fromiter(map(len, copies), dtype=np.int64, count=len(copies)) >> 3
-            data = b"".join(copies)
+        data, counts = copy_numbers(bufs)
+        self.add_bulk(data, counts, slots, stamps)
+        return counts
+
+    def add_bulk(
+        self, data: bytes, counts: np.ndarray, slots: np.ndarray, stamps: np.ndarray
+    ) -> None:
+        """Add number buffers' numbers ``data``: ``counts[i]`` of them of slot ``slots[i]``,
+        stamped ``stamps[i]`` (as :func:`copy_numbers` read them)."""
         held = counts > 0
         if held.any():
             self.bulk.append((data, counts[held], slots[held], stamps[held]))
-        return counts
 
-    def read_until(self, slot: int, buf: Any, done: int, n: int, stamp: float) -> None:
-        """Add ``buf``'s numbers ``done:n`` (copied in one call each), stamped ``stamp``."""
-        if isinstance(buf, tuple):
-            values, weights = buf[0].tobytes(), buf[1].tobytes()
-            self._add(slot, values[8 * done : 8 * n], weights[8 * done : 8 * n], stamp, n - done)
-        else:
-            self._add(slot, buf.tobytes()[8 * done : 8 * n], None, stamp, n - done)
-
-    def _add(self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int) -> None:
+    def add(
+        self, slot: int, values: bytes, weights: bytes | None, stamp: float, n: int = -1
+    ) -> None:
+        """Add one run: ``values`` (float64 bytes), their weights, slot and time."""
+        n = len(values) // 8 if n < 0 else n
         self.values.append(values)
         self.weights.append(weights)
         self.weighted |= weights is not None

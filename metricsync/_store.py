@@ -7,9 +7,10 @@ and the binary format. Taking a snapshot changes nothing, so observing a ``Metri
 mid-step leaves every later result bit-for-bit as it would have been (``snapshot_later``
 splits it in two: what must happen at the call, and the fold, for an async sync's worker
 thread). The last fold is kept until something is recorded (:meth:`Store.folded`), so
-observing again folds nothing again. Every method takes the store's lock; only the
-Python-number fast path of ``Metrics.record`` (an append to a buffer of
-:mod:`metricsync._pending`) runs without it.
+observing again folds nothing again. Every method takes the store's lock; a method
+that changes state is marked :func:`changing`, which takes it and counts the change.
+Only the Python-number fast path of ``Metrics.record`` (an append to a buffer of
+:mod:`metricsync._pending`) runs without it: it only lengthens a buffer.
 
 >>> store = Store()
 >>> store.prepare("loss", [1.0, 3.0], None, None)()
@@ -22,8 +23,8 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from functools import partial, wraps
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -34,13 +35,13 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._keys import Lookup, clash, clash_error, first_clash
-from ._pending import FAST_LIMIT, Held, HostPending
+from ._pending import FAST_LIMIT, PAIR_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
 from ._tokens import remember
 
-__all__ = ["Store"]
+__all__ = ["Store", "changing"]
 
 #: both sides' table and rules tokens of merges that agreed -> their rules (Store.absorb)
 _AGREED: dict[tuple[object, object, object, object], SpecTable] = {}
@@ -49,6 +50,30 @@ _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ARRIVAL_MIN = 256  #: arrays with more samples are reduced when recorded, smaller ones buffered
 MASKED_MAX = 4096  #: a record under a mask alone buffers at most this many kept samples
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def changing(method: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+    """Mark a :class:`Store` method that may change what a fold gives: it runs under the
+    store's lock, and the change count moves as it starts and as it ends, so no fold kept
+    before it, or made while it runs (a merge of a store into itself folds it midway), is
+    current after it (:meth:`Store.folded`). The one place the count moves. A method that
+    changes state without it would leave a stale fold; one that only reads takes the lock
+    itself."""
+
+    @wraps(method)
+    def changed(self: Store, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.lock:
+            self._version += 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._version += 1
+
+    return changed
 
 
 def _numbers(value: list[Any]) -> array | None:
@@ -71,7 +96,7 @@ class Store:
         self.devices = Devices()
         self.deferred: list[tuple[str, Callable[[], float]]] = []  # CUDA timers, read later
         self.lock = threading.RLock()
-        self._changes = 0  # changes made under the lock so far: see ``folded``
+        self._version = 0  # calls of @changing methods so far: see ``folded``
         self._folded: tuple[tuple[int, bool, int], StateTable] | None = None
 
     # ------------------------------------------------------------------ specs
@@ -81,10 +106,10 @@ class Store:
         slot = self.table.index.get(name)
         return self.table.specs[slot] if slot is not None else self.rules.resolve(name)
 
+    @changing
     def adopt_rules(self, rules: SpecTable) -> None:
         """Use ``rules``; names whose spec they change must hold no samples."""
-        with self.lock:
-            self._apply_rules(rules, self._rule_changes(rules))
+        self._apply_rules(rules, self._rule_changes(rules))
 
     def _rule_changes(self, rules: SpecTable) -> dict[int, Spec]:
         """Slots whose spec ``rules`` change; ``SpecMismatchError`` if one holds samples."""
@@ -112,7 +137,6 @@ class Store:
         return changes
 
     def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
-        self._changes += 1
         self.rules = rules
         for slot, new in changes.items():
             name = self.table.names[slot]
@@ -200,49 +224,48 @@ class Store:
         values, w = host_record(name, value, weight, mask, spec.nan == "error")
         return partial(self._apply_host, name, spec, values, w)
 
+    @changing
     def _apply_host(self, name: str, spec: Spec, values: np.ndarray, w: np.ndarray | None) -> None:
-        with self.lock:
-            self._changes += 1
-            slot = self._slot(name, spec)
-            self.pending.open(name, spec)
-            masked = w is not None and w.dtype == _BOOL  # a mask alone, no weight
-            if masked:  # its kept samples, under add_masked's bound
-                values, w = values[w], None
-            most = MASKED_MAX if masked else ARRIVAL_MIN
-            n = len(values)
-            if not n:
+        slot = self._slot(name, spec)
+        self.pending.open(name, spec)
+        masked = w is not None and w.dtype == _BOOL  # a mask alone, no weight
+        if masked:  # its kept samples, under add_masked's bound
+            values, w = values[w], None
+        most = MASKED_MAX if masked else ARRIVAL_MIN
+        n = len(values)
+        if not n:
+            return
+        if n == 1 and w is not None:  # a weighted number: it and its next ones take the
+            # buffer the fast path appends to, whether or not it was open
+            pair = self.pending.open_weighted(name, spec)
+            if pair is not None:
+                pair.fromlist([float(values[0]), float(w[0])])
+                if len(pair) >= PAIR_LIMIT:
+                    self.flush()
                 return
-            if n == 1 and w is not None:  # a weighted number: it and its next ones take the
-                # pair of buffers the fast path appends to, whether or not it was open
-                pair = self.pending.open_weighted(name, spec)
-                if pair is not None:
-                    pair[0].append(float(values[0]))
-                    pair[1].append(float(w[0]))
-                    if len(pair[0]) >= FAST_LIMIT:
-                        self.flush()
-                    return
-            stamp = al.now_us()
-            if not self.pending.fits(n if n <= most else 0):
-                self.flush()
-            if n > most:  # a few reductions now cost less than keeping every sample
-                row, cells = reduce_record(values, w, spec, stamp)
-                self.pending.add_row(slot, row, cells, stamp)
-            elif w is not None or not self.pending.extend(name, values):
-                self.pending.add(slot, values, w, stamp)
+        stamp = al.now_us()
+        if not self.pending.fits(n if n <= most else 0):
+            self.flush()
+        if n > most:  # a few reductions now cost less than keeping every sample
+            row, cells = reduce_record(values, w, spec, stamp)
+            self.pending.add_row(slot, row, cells, stamp)
+        elif w is not None or not self.pending.extend(name, values):
+            self.pending.add(slot, values, w, stamp)
 
     def add_small(self, name: str, values: np.ndarray) -> bool:
         """Buffer a small real array for a name whose number buffer is open (so its spec
         allows NaN); False when it is not such an array (the general path takes it)."""
         if values.dtype.kind not in "fiub" or not 0 < values.size <= ARRIVAL_MIN:
             return False
-        flat = values.reshape(-1)
-        with self.lock:
-            self._changes += 1
-            if not self.pending.fits(values.size):
-                self.flush()
-            if not self.pending.extend(name, flat):
-                self.pending.add(self.table.index[name], flat, None, al.now_us())
+        self._add_flat(name, values.reshape(-1))
         return True
+
+    @changing
+    def _add_flat(self, name: str, flat: np.ndarray) -> None:
+        if not self.pending.fits(len(flat)):
+            self.flush()
+        if not self.pending.extend(name, flat):
+            self.pending.add(self.table.index[name], flat, None, al.now_us())
 
     def add_masked(self, name: str, x: Any, mask: Any) -> bool:
         """Record a large float CPU tensor under a boolean CPU mask of its shape, for a name
@@ -256,82 +279,79 @@ class Store:
             return False
         if xn.size <= ARRIVAL_MIN:  # small: the general path buffers them
             return False
-        kept = xn[mn]  # the kept samples, in C order
-        n = len(kept)
-        with self.lock:
-            self._changes += 1
-            if not self.pending.fits(n if n <= MASKED_MAX else 0):
-                self.flush()
-            if n > MASKED_MAX:
-                slot = self.table.index[name]
-                stamp = al.now_us()
-                row, cells = reduce_record(kept, None, self.table.specs[slot], stamp)
-                self.pending.add_row(slot, row, cells, stamp)
-            elif n and not self.pending.extend(name, kept, owned=True):  # indexing copied
-                self.pending.add(self.table.index[name], kept, None, al.now_us())
+        self._add_kept(name, xn[mn])  # the kept samples, in C order
         return True
 
+    @changing
+    def _add_kept(self, name: str, kept: np.ndarray) -> None:
+        n = len(kept)
+        if not self.pending.fits(n if n <= MASKED_MAX else 0):
+            self.flush()
+        if n > MASKED_MAX:
+            slot = self.table.index[name]
+            stamp = al.now_us()
+            row, cells = reduce_record(kept, None, self.table.specs[slot], stamp)
+            self.pending.add_row(slot, row, cells, stamp)
+        elif n and not self.pending.extend(name, kept, owned=True):  # indexing copied
+            self.pending.add(self.table.index[name], kept, None, al.now_us())
+
+    @changing
     def add_number(self, name: str, number: float, spec: Spec | None = None) -> bool:
         """Record ``number`` under ``name`` with ``spec`` (``prepare``'s), or without one
         with the spec ``name`` has: then False, recording nothing, where that spec refuses
         NaN (``prepare`` checks the number). The name's number buffer opens."""
-        with self.lock:
-            if spec is None:
-                spec = self.spec(name)
-                if spec.nan == "error":
-                    return False
-            self._changes += 1
-            slot = self._slot(name, spec)
-            self.pending.open(name, spec)  # the name's later numbers take the fast path
-            buf = self.pending.fast.get(name)
-            if buf is not None:  # this one too: one run with them
-                buf.append(number)
-                if len(buf) >= FAST_LIMIT:
-                    self.flush()
-                return True
-            if not self.pending.fits(1):
+        if spec is None:
+            spec = self.spec(name)
+            if spec.nan == "error":
+                return False
+        slot = self._slot(name, spec)
+        self.pending.open(name, spec)  # the name's later numbers take the fast path
+        buf = self.pending.fast.get(name)
+        if buf is not None:  # this one too: one run with them
+            buf.append(number)
+            if len(buf) >= FAST_LIMIT:
                 self.flush()
-            self.pending.add(slot, np.array([number]), None, al.now_us())
+            return True
+        if not self.pending.fits(1):
+            self.flush()
+        self.pending.add(slot, np.array([number]), None, al.now_us())
         return True
 
+    @changing
     def add_numbers(self, name: str, numbers: array, spec: Spec) -> None:
         """Extend ``name``'s number buffer (opened here) by a list's numbers, as the fast
         path of ``Metrics.record`` extends an open one: where a list goes does not depend
         on whether the name was recorded before."""
-        with self.lock:
-            self._changes += 1
-            self._slot(name, spec)
-            self.pending.open(name, spec)
-            buf = self.pending.fast[name]
-            buf.extend(numbers)
-            if len(buf) >= FAST_LIMIT:
-                self.flush()
+        self._slot(name, spec)
+        self.pending.open(name, spec)
+        buf = self.pending.fast[name]
+        buf.extend(numbers)
+        if len(buf) >= FAST_LIMIT:
+            self.flush()
 
+    @changing
     def _apply_device(self, name: str, spec: Spec, x: Any, w: Any, m: Any) -> None:
-        with self.lock:
-            self._changes += 1
-            slot = self._slot(name, spec)
-            self.pending.open(name, spec)
-            if x.numel() == 0:  # no samples, and no device state that names would count
-                return
-            self.devices.add(name, slot, spec, x, w, m, al.now_us())
+        slot = self._slot(name, spec)
+        self.pending.open(name, spec)
+        if x.numel() == 0:  # no samples, and no device state that names would count
+            return
+        self.devices.add(name, slot, spec, x, w, m, al.now_us())
 
+    @changing
     def add_on_device(self, name: str, x: Any, weight: Any, mask: Any) -> bool:
         """Pend an accelerator tensor (weight and mask as for record) for a name already
         recorded on its device: the slot, spec and row that its first record resolved
         are reused. False when the name has no such record (the general path takes the
         tensor). Bad input raises as on the general path, before anything is pended."""
-        with self.lock:
-            self._changes += 1
-            if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
-                return self.devices.pend_scalar(name, x)  # a reference: nothing launched
-            lane = self.devices.lane(name, x.device)
-            if lane is None:
-                return False
-            w, m = device_inputs(name, x, weight, mask)
-            if x.numel():
-                lane[0].pend(lane[1], x, w, m, al.now_us())
-            return True
+        if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
+            return self.devices.pend_scalar(name, x)  # a reference: nothing launched
+        lane = self.devices.lane(name, x.device)
+        if lane is None:
+            return False
+        w, m = device_inputs(name, x, weight, mask)
+        if x.numel():
+            lane[0].pend(lane[1], x, w, m, al.now_us())
+        return True
 
     def _check_union(self, other: StateTable, changes: dict[int, Spec]) -> None:
         """``SpecMismatchError`` where a name ``other`` adds (or one ``changes`` respecs)
@@ -359,13 +379,12 @@ class Store:
 
     # ---------------------------------------------------------------- folding
 
+    @changing
     def flush(self) -> None:
         """Fold the pending host samples into the table."""
-        with self.lock:
-            self._changes += 1
-            batch = self.pending.take(self.table.index, consume=True)
-            if batch is not None:
-                self._fold_into_table(batch, self.table)
+        batch = self.pending.take(self.table.index, consume=True)
+        if batch is not None:
+            self._fold_into_table(batch, self.table)
 
     def _fold_into_table(self, batch: Batch, table: StateTable | None = None) -> None:
         table = self.table if table is None else table
@@ -375,14 +394,13 @@ class Store:
         for slot, touched, counts in cells:
             table.add_cells(slot, touched, counts)
 
+    @changing
     def defer(self, name: str, value: Callable[[], float]) -> None:
         """Record ``value()`` under ``name`` at the next snapshot that reads devices."""
-        with self.lock:
-            self._changes += 1
-            spec = self.spec(name)
-            self._slot(name, spec)  # the name takes its place (and format) now
-            self.pending.open(name, spec)
-            self.deferred.append((name, value))
+        spec = self.spec(name)
+        self._slot(name, spec)  # the name takes its place (and format) now
+        self.pending.open(name, spec)
+        self.deferred.append((name, value))
 
     def _resolve_deferred(self) -> None:
         deferred, self.deferred = self.deferred, []
@@ -412,10 +430,10 @@ class Store:
         """The table plus every pending sample, folded (see :meth:`snapshot`): shared, so
         the caller only reads it. Kept until the store changes, so observing again with
         no record between (``compute()`` then ``sync()``, a sync then a checkpoint) folds
-        nothing again. A change is made under the lock, which counts it, or is an append
-        to a number buffer by the lock-free path of ``Metrics.record``, which grows the
-        buffers' total length (nothing shrinks it without the lock): that pair tells
-        whether anything was recorded since."""
+        nothing again. A change is a call of a :func:`changing` method, which counts it,
+        or an append to a number buffer by the lock-free path of ``Metrics.record``, which
+        grows the buffers' total length (only a ``changing`` method shrinks it): that pair
+        tells whether anything was recorded since."""
         with self.lock:
             if devices and self.deferred:
                 self._resolve_deferred()
@@ -437,7 +455,7 @@ class Store:
     def _fold_key(self, live: bool) -> tuple[int, bool, int]:
         """What the kept fold must have seen to be current (see :meth:`folded`). Read
         before the buffers are: a number appended in between makes the next one miss."""
-        return (self._changes, live, self.pending.appended())
+        return (self._version, live, self.pending.appended())
 
     def _kept(self, key: tuple[int, bool, int]) -> StateTable | None:
         """The kept fold, if it was made with ``key`` (still current)."""
@@ -455,7 +473,7 @@ class Store:
             if (kept := self._kept(self._fold_key(bool(self.devices)))) is not None:
                 return lambda: kept  # nothing recorded since: no capture, no fold
             devices = self.devices.read(self.table.names)
-            captured = self.pending.capture()
+            captured = self.pending.capture(self.table.index)
             table = self.table.copy()  # the live one may gain slots; this one stays
 
         def finish() -> StateTable:
@@ -500,15 +518,14 @@ class Store:
 
     # -------------------------------------------------------------- lifecycle
 
+    @changing
     def reset(self) -> None:
         """Forget every sample; keep rules, names and specs."""
-        with self.lock:
-            self._changes += 1
-            self._folded = None  # its memory too
-            self.pending.clear()
-            self.devices = Devices()
-            self.deferred = []
-            self.table.reset()
+        self._folded = None  # its memory too
+        self.pending.clear()
+        self.devices = Devices()
+        self.deferred = []
+        self.table.reset()
 
     def absorb(self, other: Store) -> None:
         """Merge another store's rules and samples in, as one rank (itself: from a snapshot).
@@ -516,17 +533,21 @@ class Store:
         each way), so a settled store's table (a decoded result's) is read as it is."""
         first, last = sorted((self.lock, other.lock), key=id)  # merging itself: one RLock twice
         with first, last:
-            self._changes += 1
-            table = other.table if other is not self and other.settled() else other.folded()
-            # by token: a pair that agreed, changing no spec, agrees again (workers' results)
-            key = (self.table.token, self.rules.token, table.token, other.rules.token)
-            if (merged := _AGREED.get(key)) is not None:
-                self._apply_rules(merged.copy(), {})
-            else:
-                merged = merged_rules(self.rules, self.table, other.rules, table)
-                changes = self._rule_changes(merged)
-                self._check_union(table, changes)
-                if not changes:  # a bound: the pairs of the latest merges
-                    remember(_AGREED, key, merged.copy(), 64)
-                self._apply_rules(merged, changes)
-            self.table.absorb(table)  # a gained name opens its number buffer at its record
+            self._absorb(other)
+
+    @changing
+    def _absorb(self, other: Store) -> None:
+        """:meth:`absorb`, under both locks."""
+        table = other.table if other is not self and other.settled() else other.folded()
+        # by token: a pair that agreed, changing no spec, agrees again (workers' results)
+        key = (self.table.token, self.rules.token, table.token, other.rules.token)
+        if (merged := _AGREED.get(key)) is not None:
+            self._apply_rules(merged.copy(), {})
+        else:
+            merged = merged_rules(self.rules, self.table, other.rules, table)
+            changes = self._rule_changes(merged)
+            self._check_union(table, changes)
+            if not changes:  # a bound: the pairs of the latest merges
+                remember(_AGREED, key, merged.copy(), 64)
+            self._apply_rules(merged, changes)
+        self.table.absorb(table)  # a gained name opens its number buffer at its record

@@ -16,7 +16,7 @@ import pytest
 
 import metricsync._algebra as al
 from metricsync._fold import Batch
-from metricsync._pending import HostPending
+from metricsync._pending import Held, HostPending
 from metricsync._spec import Spec
 
 INDEX = {"x": 0, "y": 1, "z": 2, "w": 3}
@@ -72,7 +72,7 @@ def test_a_number_appended_to_a_buffer_held_across_a_fold_folds_at_the_next_one(
     held = pending.fast["x"]  # a recording thread fetched the buffer before the fold
     held.append(1.0)
     assert samples(pending.take(INDEX, consume=True)) == {0: ones(1.0)}
-    held.append(2.0)  # its append lands in the old buffer, after the swap
+    held.append(2.0)  # its append lands after the fold, in the buffer it holds
     pending.fast["x"].append(3.0)
     assert samples(pending.take(INDEX, consume=True)) == {0: ones(2.0, 3.0)}
     held.append(4.0)  # still held: still read, past what was read already
@@ -108,13 +108,13 @@ def test_arrays_listed_under_a_name_fold_once() -> None:
 def test_a_weighted_number_appended_to_a_pair_held_across_a_fold_folds_at_the_next_one() -> None:
     pending = HostPending()
     pending.open_weighted("x", Spec("mean"))
-    values, weights = held = pending.weighted["x"]  # fetched by a thread before the fold
-    values.append(1.0), weights.append(2.0)
+    held = pending.weighted["x"]  # fetched by a thread before the fold
+    held.extend((1.0, 2.0))
     assert samples(pending.take(INDEX, consume=True)) == {0: [(1.0, 2.0)]}
-    values.append(3.0), weights.append(4.0)  # lands in the old pair, after the swap
-    pending.weighted["x"][0].append(5.0), pending.weighted["x"][1].append(6.0)
+    held.extend((3.0, 4.0))  # lands after the fold
+    pending.weighted["x"].extend((5.0, 6.0))
     assert samples(pending.take(INDEX, consume=True)) == {0: [(3.0, 4.0), (5.0, 6.0)]}
-    del held, values, weights
+    del held
     assert samples(pending.take(INDEX, consume=True)) == {}
     assert pending.empty()
 
@@ -136,7 +136,7 @@ def test_a_consuming_fold_nobody_races_leaves_nothing_pending() -> None:
     pending.open("x", Spec("sum"))
     pending.open_weighted("y", Spec("mean"))
     pending.fast["x"].append(1.0)
-    pending.weighted["y"][0].append(2.0), pending.weighted["y"][1].append(3.0)
+    pending.weighted["y"].extend((2.0, 3.0))
     pending.extend("x", np.arange(100.0))
     pending.add(2, np.array([4.0, 5.0]), np.array([1.0, 0.5]), 7.0)
     got = samples(pending.take(INDEX, consume=True))
@@ -156,31 +156,57 @@ def test_a_capture_reads_what_an_observation_at_that_moment_reads() -> None:
         held_w = pending.weighted["w"]
         now[0] = 2.0
         held_x.append(1.0), held_y.append(2.0)
-        held_w[0].append(3.0), held_w[1].append(0.5)
-        pending.take(INDEX, consume=True)  # the three are retired, still held
+        held_w.extend((3.0, 0.5))
+        pending.take(INDEX, consume=True)  # the three are still held
         now[0] = 4.0
-        held_x.append(5.0), held_y.append(6.0)  # late numbers in the retired buffers
-        held_w[0].append(7.0), held_w[1].append(2.0)
+        held_x.append(5.0), held_y.append(6.0)  # late numbers: the buffers are still theirs
+        held_w.extend((7.0, 2.0))
         now[0] = 6.0
         pending.fast["x"].append(8.0), pending.fast["y"].append(9.0)
-        pending.weighted["w"][0].append(10.0), pending.weighted["w"][1].append(3.0)
+        pending.weighted["w"].extend((10.0, 3.0))
         pending.extend("z", np.arange(100.0))  # no buffer for z: refused
         pending.open("z", Spec("sum"))
         pending.extend("z", np.arange(100.0))
         pending.add(3, np.array([11.0, 12.0]), np.array([1.0, 4.0]), 5.0)
         now[0] = 8.0
         expected = stamped(pending.take(INDEX, consume=False))
-        captured = pending.capture()
+        captured = pending.capture(INDEX)
         now[0] = 10.0  # recorded after the capture: not in it
         for buf in (held_x, held_y, pending.fast["x"], pending.fast["y"]):
             buf.append(-1.0)
         for pair in (held_w, pending.weighted["w"]):
-            pair[0].append(-1.0), pair[1].append(1.0)
+            pair.extend((-1.0, 1.0))
         pending.extend("z", np.arange(100.0))
         pending.add(3, np.array([-1.0]), None, 10.0)
         got = stamped(captured.batch(INDEX))
     assert got == expected
-    assert got[0] == [(5.0, 1.0, 4.0), (8.0, 1.0, 6.0)]  # x: the time of each number
+    assert got[0] == [(5.0, 1.0, 6.0), (8.0, 1.0, 6.0)]  # x: the time of its latest number
     assert got[1] == [(6.0, 1.0, 8.0), (9.0, 1.0, 8.0)]  # y: the time of the read
     assert got[3] == [(7.0, 2.0, 8.0), (10.0, 3.0, 8.0), (11.0, 1.0, 5.0), (12.0, 4.0, 5.0)]
     assert got[2] == [(float(v), 1.0, 8.0) for v in sorted(range(100))]
+
+
+def test_restored_retired_numbers_fold_once_as_their_own_runs() -> None:
+    # checkpoints of earlier versions carry numbers read apart from their name's buffer
+    held = Held(
+        retired=[
+            ("x", np.array([1.0, 2.0]), None, None),
+            ("w", np.array([3.0]), np.array([2.0]), None),
+            ("y", np.array([4.0]), None, 7.0),  # a ``last`` buffer's time
+        ]
+    )
+    pending = HostPending()
+    specs = {"x": Spec("sum"), "w": Spec("mean"), "y": Spec("last")}
+    pending.restore(held, specs)
+    assert not pending.empty() and pending.held() == {"x", "w", "y"}
+    again = pending.export().retired
+    assert [(n, v.tolist(), None if w is None else w.tolist(), t) for n, v, w, t in again] == [
+        ("x", [1.0, 2.0], None, None),
+        ("w", [3.0], [2.0], None),
+        ("y", [4.0], None, 7.0),
+    ]
+    with clock():
+        want = {0: [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0)], 1: [(4.0, 1.0, 7.0)], 3: [(3.0, 2.0, 1.0)]}
+        assert stamped(pending.take(INDEX, consume=False)) == want
+        assert stamped(pending.take(INDEX, consume=True)) == want
+    assert pending.empty() and pending.take(INDEX, consume=True) is None
