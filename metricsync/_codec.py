@@ -63,11 +63,11 @@ import numpy as np
 from . import _algebra as al
 from ._codec_read import Shape, body_bytes, new_shape, read_body
 from ._errors import CodecError, MetricsyncError
+from ._lru import LRU
 from ._rules import SpecTable
 from ._sketch import held_span
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import remember
 
 __all__ = ["FORMAT_VERSION", "HEAD", "decode", "encode", "frame", "unframe"]
 
@@ -150,7 +150,7 @@ class _Head:
 
 #: (rules token, table token) -> the header of those rules, names and specs: a worker
 #: that returns its results every step encodes the same header each time
-_HEADS: dict[tuple[object, object], _Head] = {}
+_HEADS: LRU[tuple[object, object], _Head] = LRU(16)
 
 
 def _head_of(rules: SpecTable, table: StateTable) -> _Head:
@@ -253,11 +253,11 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
 #: header bytes (behind the count of state rows, for versions before 3) -> their checked
 #: shape: a single controller decodes its workers' results every step, and each worker's
 #: header is the same each time
-_SHAPES: dict[bytes, Shape] = {}
-_KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the decoder
+_SHAPES: LRU[bytes, Shape] = LRU(16)
+_KEPT_BYTES = 1 << 20  #: the longest header either keeps
 
 
-def _keep(kept: dict[Any, Any], key: Any, value: Any, size: int) -> None:
-    """Keep ``value`` under ``key`` (the latest few, headers of at most 1 MiB)."""
+def _keep(kept: LRU[Any, Any], key: Any, value: Any, size: int) -> None:
+    """Keep ``value`` under ``key`` (the latest 16, headers of at most 1 MiB)."""
     if size <= _KEPT_BYTES:
-        remember(kept, key, value, _KEPT)
+        kept.put(key, value)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from ._errors import SpecMismatchError
+from ._lru import LRU
 from ._spec import DEFAULT_SPEC, Spec, canonical
 from ._tokens import derived, remember
 
@@ -79,7 +80,7 @@ class _GlobIndex:
 
 _MEMO_LIMIT = 4096
 _NO_GLOBS = _GlobIndex({})
-_INDEXES: dict[frozenset[tuple[str, Spec]], _GlobIndex] = {}
+_INDEXES: LRU[frozenset[tuple[str, Spec]], _GlobIndex] = LRU(64)  # a bound: endless rule sets
 
 
 _NO_RULES = object()  # the token of every table without rules
@@ -94,9 +95,7 @@ def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
     """
     key = frozenset(globs.items())
     index = _INDEXES.get(key)
-    if index is None:  # bounded, should a program make endless rule sets
-        index = remember(_INDEXES, key, _GlobIndex(globs), 64)
-    return index
+    return _INDEXES.setdefault(key, _GlobIndex(globs)) if index is None else index
 
 
 class SpecTable:

@@ -34,16 +34,16 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._keys import Lookup, clash, clash_error, first_clash
+from ._lru import LRU
 from ._pending import FAST_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import remember
 
 __all__ = ["Store"]
 
 #: both sides' table and rules tokens of merges that agreed -> their rules (Store.absorb)
-_AGREED: dict[tuple[object, object, object, object], SpecTable] = {}
+_AGREED: LRU[tuple[object, object, object, object], SpecTable] = LRU(64)
 
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -528,6 +528,6 @@ class Store:
                 changes = self._rule_changes(merged)
                 self._check_union(table, changes)
                 if not changes:  # a bound: the pairs of the latest merges
-                    remember(_AGREED, key, merged.copy(), 64)
+                    _AGREED.put(key, merged.copy())
                 self._apply_rules(merged, changes)
             self.table.absorb(table)  # a gained name opens its number buffer at its record

@@ -20,7 +20,6 @@ through it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,10 +29,11 @@ from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
 from ._errors import SpecMismatchError
 from ._fold import spec_info
+from ._lru import LRU
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
-from ._tokens import EMPTY_TABLE, remember, slot_token
+from ._tokens import EMPTY_TABLE, slot_token
 
 __all__ = ["Parts", "StateTable", "identity"]
 
@@ -54,10 +54,9 @@ class Parts:
     complete: bool = False  # sketches and aggs hold every slot whose spec needs one
 
 
-_PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
-_PLANS_LOCK = threading.Lock()
+_PLANS: LRU[object, Plan] = LRU(8)  # table token -> the Plan of its names and specs
 #: (token, other token) -> the slots of the other table's names in this one, see ``absorb``
-_SLOTS: dict[tuple[object, object], np.ndarray] = {}
+_SLOTS: LRU[tuple[object, object], np.ndarray] = LRU(64)  # a bound: the latest merges' pairs
 
 
 class StateTable:
@@ -275,7 +274,7 @@ class StateTable:
         at = _SLOTS.get(key)
         if at is None:
             at = np.array(self.slots_of(other.names, other.specs), dtype=np.intp)
-            remember(_SLOTS, key, at, 64)  # a bound: the pairs of the latest merges
+            _SLOTS.put(key, at)
         else:  # the same names and specs on both sides: create what that merge created
             for t in np.flatnonzero(at >= len(self.names)).tolist():
                 self.slot(other.names[t], other.specs[t])
@@ -367,10 +366,7 @@ class StateTable:
             plan = _PLANS.get(self.token)
             if plan is None or plan.n != len(self.names):
                 plan = Plan(self.names, self.specs)
-                with _PLANS_LOCK:  # copies are read on several threads (async syncs)
-                    while len(_PLANS) >= 8:
-                        _PLANS.pop(next(iter(_PLANS)))
-                    _PLANS[self.token] = plan
+                _PLANS.put(self.token, plan)  # copies are read on several threads (async syncs)
             self._plan = plan
         return plan
 
