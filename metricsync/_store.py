@@ -42,8 +42,9 @@ from ._table import StateTable
 
 __all__ = ["Store"]
 
-#: both sides' table and rules tokens of merges that agreed -> their rules (Store.absorb)
-_AGREED: LRU[tuple[object, object, object, object], SpecTable] = LRU(64)
+#: both sides' table and rules tokens of merges that agreed -> their rules, and the slots
+#: of the merged table's names in this one (Store.absorb; a bound: the latest merges' pairs)
+_AGREED: LRU[tuple[object, object, object, object], tuple[SpecTable, np.ndarray]] = LRU(64)
 
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -521,13 +522,14 @@ class Store:
             table = other.table if other is not self and other.settled() else other.folded()
             # by token: a pair that agreed, changing no spec, agrees again (workers' results)
             key = (self.table.token, self.rules.token, table.token, other.rules.token)
-            if (merged := _AGREED.get(key)) is not None:
-                self._apply_rules(merged.copy(), {})
-            else:
+            if (agreed := _AGREED.get(key)) is not None:
+                self._apply_rules(agreed[0].copy(), {})
+                self.table.absorb(table, agreed[1])  # a gained name opens its number buffer
+            else:  # at its record
                 merged = merged_rules(self.rules, self.table, other.rules, table)
                 changes = self._rule_changes(merged)
                 self._check_union(table, changes)
-                if not changes:  # a bound: the pairs of the latest merges
-                    _AGREED.put(key, merged.copy())
                 self._apply_rules(merged, changes)
-            self.table.absorb(table)  # a gained name opens its number buffer at its record
+                at = self.table.absorb(table)
+                if not changes:
+                    _AGREED.put(key, (merged.copy(), at))

@@ -405,7 +405,6 @@ def _empty_merge_memories(monkeypatch: pytest.MonkeyPatch) -> None:
     from metricsync._lru import LRU
 
     monkeypatch.setattr("metricsync._store._AGREED", LRU(64))
-    monkeypatch.setattr("metricsync._table._SLOTS", LRU(64))
 
 
 def test_a_pair_merged_again_is_checked_from_what_agreed_before(
