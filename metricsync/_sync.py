@@ -70,6 +70,7 @@ from ._layout import (
     encode_entries,
     group_state,
 )
+from ._lru import LRU
 from ._placement import place
 from ._reduce import (
     HEADER,
@@ -334,7 +335,8 @@ def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> n
     """Per layout position: this rank holds no slot for it and a rule gives it another spec.
 
     A few such positions are looked up one by one. Many (another ``Metrics``' names on
-    this group) are answered for every position at once.
+    this group) are answered for every position at once, kept per rules and layout, so
+    syncing a small ``Metrics`` in turn with a large one resolves no name again.
     """
     out = np.zeros(len(layout), dtype=bool)
     if rules.empty():
@@ -343,7 +345,12 @@ def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> n
     if len(missing) <= _FEW_MISSING:
         out[missing] = _ruled_otherwise(rules, layout, missing.tolist())
         return out
-    return _ruled_otherwise(rules, layout, range(len(layout))) & ~mine
+    key = (rules.token, layout.fingerprint)
+    every = _OTHERWISE.get(key)
+    if every is None:
+        every = _ruled_otherwise(rules, layout, range(len(layout)))
+        _OTHERWISE.put(key, every)
+    return every & ~mine
 
 
 def _ruled_otherwise(rules: SpecTable, layout: Layout, positions: Iterable[int]) -> np.ndarray:
@@ -357,6 +364,8 @@ def _ruled_otherwise(rules: SpecTable, layout: Layout, positions: Iterable[int])
 
 
 _FEW_MISSING = 64  #: layout positions a rank lacks that _declared_otherwise looks up one by one
+#: (rules token, layout) -> per position (a bound: rules and layouts of the latest syncs)
+_OTHERWISE: LRU[tuple[object, int], np.ndarray] = LRU(16)
 
 
 def _uncovered(table: StateTable, layout: Layout) -> int:

@@ -30,7 +30,7 @@ REGISTRIES = {
     "_layout": {"_GROUPS"},
 }
 #: the most module-level LRUs (derived-value caches) the package may hold
-CACHE_BUDGET = 7
+CACHE_BUDGET = 8
 
 _DICT_CALLS = {"dict", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary"}
 _WRITES = {"setdefault", "update", "__setitem__", "add"}
