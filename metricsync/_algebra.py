@@ -44,7 +44,6 @@ import time
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -146,7 +145,6 @@ def identity(n: int) -> np.ndarray:
     return np.repeat(IDENTITY[:, None], n, axis=1)
 
 
-@cache
 def needed_columns(spec: Spec) -> tuple[int, ...]:
     """The columns a spec's statistics read (what its state carries through a sync).
 
@@ -174,7 +172,6 @@ def needed_columns(spec: Spec) -> tuple[int, ...]:
     return tuple(sorted(cols))
 
 
-@cache
 def carries(spec: Spec) -> np.ndarray:
     """A read-only ``(NCOL_ALL,)`` mask of :func:`needed_columns`."""
     mask = np.zeros(NCOL_ALL, dtype=bool)

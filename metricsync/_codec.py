@@ -63,11 +63,11 @@ import numpy as np
 from . import _algebra as al
 from ._codec_read import Shape, body_bytes, new_shape, read_body
 from ._errors import CodecError, MetricsyncError
+from ._lru import LRU
 from ._rules import SpecTable
 from ._sketch import held_span
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import remember
 
 __all__ = ["FORMAT_VERSION", "HEAD", "decode", "encode", "frame", "unframe"]
 
@@ -148,17 +148,22 @@ class _Head:
     dense: int  # bytes of the whole sketches
 
 
-#: (rules token, table token) -> the header of those rules, names and specs: a worker
-#: that returns its results every step encodes the same header each time
-_HEADS: dict[tuple[object, object], _Head] = {}
+#: the latest headers, encoded and decoded, of at most 1 MiB each:
+#: - (rules token, table token) -> the header the encoder made of those rules, names and
+#:   specs (a worker that returns its results every step encodes the same header each time);
+#: - header bytes (behind the count of state rows, for versions before 3) -> the shape the
+#:   decoder checked (a single controller decodes its workers' same headers every step)
+_HEADERS: LRU[tuple[object, object] | bytes, _Head | Shape] = LRU(32)
+_KEPT_BYTES = 1 << 20
 
 
 def _head_of(rules: SpecTable, table: StateTable) -> _Head:
     key = (rules.token, table.token)
-    head = _HEADS.get(key)
-    if head is None:
+    head = _HEADERS.get(key)
+    if not isinstance(head, _Head):
         head = _new_head(rules, table)
-        _keep(_HEADS, key, head, len(head.text))
+        if len(head.text) <= _KEPT_BYTES:
+            _HEADERS.put(key, head)
     return head
 
 
@@ -224,7 +229,8 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         text = data[HEAD.size : HEAD.size + head_len]
         ncol = _NCOL[version]
         key = text if ncol == al.NCOL else bytes([ncol]) + text  # no JSON starts with a byte < 32
-        shape = known = _SHAPES.get(key)
+        known = _HEADERS.get(key)
+        shape = known if isinstance(known, Shape) else None
         if shape is None:
             shape = new_shape(json.loads(text.decode("utf-8")), ncol)
         if shape.dense > _declarable(len(data)):
@@ -232,8 +238,8 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
                 f"{len(data)} bytes declare sketches of {shape.dense} bytes, more than they may"
             )
         table = read_body(shape, view[HEAD.size + head_len : -_CRC.size], windowed=version > 1)
-        if known is None:  # kept once a blob of it decoded, and only up to a size
-            _keep(_SHAPES, key, shape, len(text))
+        if known is None and len(text) <= _KEPT_BYTES:  # kept once a blob of it decoded
+            _HEADERS.put(key, shape)
         return shape.rules.copy(), table
     except CodecError:
         raise
@@ -248,16 +254,3 @@ def decode(data: Any) -> tuple[SpecTable, StateTable]:
         MetricsyncError,  # a rule table conflict
     ) as exc:
         raise CodecError(f"malformed metricsync blob: {exc}") from None
-
-
-#: header bytes (behind the count of state rows, for versions before 3) -> their checked
-#: shape: a single controller decodes its workers' results every step, and each worker's
-#: header is the same each time
-_SHAPES: dict[bytes, Shape] = {}
-_KEPT, _KEPT_BYTES = 16, 1 << 20  #: headers kept by each of the encoder and the decoder
-
-
-def _keep(kept: dict[Any, Any], key: Any, value: Any, size: int) -> None:
-    """Keep ``value`` under ``key`` (the latest few, headers of at most 1 MiB)."""
-    if size <= _KEPT_BYTES:
-        remember(kept, key, value, _KEPT)

@@ -21,7 +21,6 @@ have. Sketch cells are counted over the span of the touched cells only
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from . import _algebra as al
 from ._cells import Cells, run_cells, sketch_cells
+from ._lru import LRU
 from ._spec import Spec
 
 __all__ = [
@@ -72,8 +72,7 @@ class SpecInfo:
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
 
 
-_INFO: dict[object, SpecInfo] = {}
-_INFO_LOCK = threading.Lock()
+_INFO: LRU[object, SpecInfo] = LRU(16)  # a bound: the spec lists of the latest tables
 
 
 def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
@@ -90,8 +89,7 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
     info = _INFO.get(key)
     if info is None:
         # a table gains names at its end: the latest info is most often a prefix of these
-        with _INFO_LOCK:
-            latest = next(reversed(_INFO.values()), None)
+        latest = _INFO.latest()
         if latest is not None and not (
             len(latest.keep) <= len(specs) and latest.keep == tuple(specs[: len(latest.keep)])
         ):
@@ -100,10 +98,7 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
             info = latest  # the same specs, nothing to add (by id, it must keep these ones)
         else:
             info = SpecInfo(specs, latest)
-        with _INFO_LOCK:  # folds run on several threads (async syncs)
-            while len(_INFO) >= 16:
-                _INFO.pop(next(iter(_INFO)))
-            _INFO[key] = info
+        info = _INFO.setdefault(key, info)  # folds run on several threads (async syncs)
     return info
 
 

@@ -21,8 +21,6 @@ import math
 import re
 from collections.abc import Mapping
 
-from ._tokens import remember
-
 __all__ = ["MAX_FMT_LENGTH", "MAX_FMT_NUMBER", "check_fmt", "format_line", "format_value"]
 
 MAX_FMT_LENGTH = 32
@@ -31,7 +29,6 @@ MAX_FMT_NUMBER = 100
 """Largest width or precision a format spec may ask for (``"100.50f"`` is the edge)."""
 
 _NUMBER = re.compile(r"\d+")
-_CHECKED: dict[str, None] = {}  # specs already validated: format_value checks each spec once
 
 _SMALL = 1e-3  # below this magnitude the adaptive format switches to scientific notation
 _GROUPED = 1e4  # from here on values print as grouped integers (123,456)
@@ -110,7 +107,7 @@ def format_value(value: float, fmt: str | None = None) -> str:
     >>> format_value(0.1234, ".1%"), format_value(float("nan"), ".1%")
     ('12.3%', 'nan')
 
-    ``fmt`` goes through :func:`check_fmt` (once per distinct spec), so an
+    ``fmt`` goes through :func:`check_fmt`, so an
     invalid or oversized spec raises ``ValueError`` instead of costing memory.
     """
     value = float(value)
@@ -119,9 +116,7 @@ def format_value(value: float, fmt: str | None = None) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if fmt is not None:
-        if fmt not in _CHECKED:
-            check_fmt(fmt)
-            remember(_CHECKED, fmt, None, 4096)
+        check_fmt(fmt)
         return format(value, fmt)
     magnitude = abs(value)
     if magnitude == 0.0:

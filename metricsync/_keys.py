@@ -20,18 +20,15 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import cache
 
 from ._errors import SpecMismatchError
 from ._spec import Spec
-from ._tokens import remember
 
 __all__ = ["Lookup", "check_table", "clash", "clash_error", "first_clash", "table_clash"]
 
 Lookup = Callable[[str], "Spec | None"]
 
 
-@cache
 def _derived(spec: Spec) -> tuple[str, ...]:
     """The suffixes (``/max``) of a spec's keys other than the bare name."""
     keys = spec.output_keys("") + spec.extra_keys("")
@@ -78,17 +75,11 @@ def table_clash(names: Sequence[str], specs: Sequence[Spec]) -> tuple[str, str, 
     return first_clash(names, dict(zip(names, specs)).get)
 
 
-_CHECKED: dict[int, list[str]] = {}  #: key lists found free of repeats (a sync's plan)
-
-
-def check_table(names: Sequence[str], specs: Sequence[Spec], keys: list[str]) -> None:
-    """``SpecMismatchError`` where two metrics of a table (names, specs and the output
-    keys of its plan) would share a key. One set of the keys answers (the same key list,
-    shared by the results of a steady sync, is answered once)."""
-    if _CHECKED.get(id(keys)) is keys:
-        return
-    if len(set(keys)) == len(keys):
-        remember(_CHECKED, id(keys), keys, 16)  # keeps the list, so its id stays its own
+def check_table(names: Sequence[str], specs: Sequence[Spec], distinct: bool) -> None:
+    """``SpecMismatchError`` where two metrics of a table (names and specs) would share a
+    key; ``distinct`` says whether the output keys of its plan are all different (then
+    none is shared, and nothing is looked up)."""
+    if distinct:
         return
     found = table_clash(names, specs)
     if found is not None:

@@ -386,7 +386,7 @@ class Metrics:
         """A sync's result; ``SpecMismatchError`` (on every rank: each holds the same
         table) where names of different ranks would share a key of ``compute()``."""
         table = store.table
-        check_table(table.names, table.specs, table.plan().keys)
+        check_table(table.names, table.specs, table.plan().keys_distinct())
         return cls._from_store(store)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import cache
 
 import numpy as np
 import numpy.typing as npt
@@ -24,16 +23,6 @@ import numpy.typing as npt
 from ._sketch import SketchLayout
 
 __all__ = ["query", "query_sketches", "window"]
-
-
-@cache
-def _representatives(layout: SketchLayout) -> np.ndarray:
-    """Answer of each value-ordered cell ``[0, nan_cell)``: -inf, buckets, 0, buckets, +inf."""
-    idx = np.arange(layout.min_index, layout.max_index + 1, dtype=np.float64)
-    pos = 2.0 * np.exp(idx * layout.ln_gamma) / (layout.gamma + 1.0)
-    reps = np.concatenate([[-np.inf], -pos[::-1], [0.0], pos, [np.inf]])
-    reps.flags.writeable = False
-    return reps
 
 
 def query(
@@ -99,8 +88,8 @@ def query(
     if not np.isfinite(cum[:, -1]).all():  # weight sums beyond float64: every cell, rescaled
         first_cell, end = 0, layout.nan_cell
         cum = np.cumsum(_rescaled(c[:, :end]), axis=1)
-    reps = _representatives(layout)
-    out = _answer(reps[first_cell:end], cum, q, method, lo, hi, n, _edge(layout))
+    reps = layout.representatives
+    out = _answer(reps[first_cell:end], cum, q, method, lo, hi, n, layout.edge)
     out[c[:, layout.nan_cell] != 0] = np.nan
     return out[0] if one_row else out
 
@@ -127,11 +116,11 @@ def query_sketches(
     if len(sketches) <= _FEW:  # one by one: fewer numpy calls than all at once
         cums = [np.cumsum(cells[first_cell:end]) for cells in sketches]
         if all(math.isfinite(cum[-1]) for cum in cums):
-            reps = _representatives(layout)[first_cell:end]
+            reps = layout.representatives[first_cell:end]
             lo, hi, qs = vmin.tolist(), vmax.tolist(), list(qs)
             ns = [None] * len(sketches) if counts is None else counts.tolist()
             nan = [_NAN] * len(qs)
-            edge = _edge(layout)
+            edge = layout.edge
             return np.array(
                 [
                     nan
@@ -143,8 +132,8 @@ def query_sketches(
     cum = np.cumsum(np.stack([cells[first_cell:end] for cells in sketches]), axis=1)
     if not np.isfinite(cum[:, -1]).all():  # weights beyond float64
         return query(layout, np.stack(sketches), qs, vmin, vmax, method, counts)
-    reps = _representatives(layout)[first_cell:end]
-    out = _answer(reps, cum, np.asarray(qs), method, vmin, vmax, counts, _edge(layout))
+    reps = layout.representatives[first_cell:end]
+    out = _answer(reps, cum, np.asarray(qs), method, vmin, vmax, counts, layout.edge)
     out[[cells[layout.nan_cell] != 0 for cells in sketches]] = np.nan
     return out
 
@@ -154,12 +143,6 @@ _NAN = float("nan")
 #: a cumulative weight this close (relatively) to a quantile's position counts as on it:
 #: the same samples answer whatever the scale of the weights, their sums rounded apart
 _TIE = 2.0**-36
-
-
-@cache
-def _edge(layout: SketchLayout) -> float:
-    """The answer of the largest bucket, which also holds every clamped larger magnitude."""
-    return float(_representatives(layout)[layout.pos_inf_cell - 1])
 
 
 def _beyond(x: float, lo: float, hi: float, edge: float) -> float:

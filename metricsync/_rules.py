@@ -51,7 +51,7 @@ class _GlobIndex:
 
     def match(self, name: str) -> Spec | None:
         """The spec of the first glob in resolution order that matches ``name``
-        (remembered: the ``Metrics`` of equal rules share an index, see :func:`_indexed`)."""
+        (remembered: the copies of a rule table share its index)."""
         if not self.buckets:  # no globs: nothing to remember
             return None
         try:
@@ -79,24 +79,9 @@ class _GlobIndex:
 
 _MEMO_LIMIT = 4096
 _NO_GLOBS = _GlobIndex({})
-_INDEXES: dict[frozenset[tuple[str, Spec]], _GlobIndex] = {}
 
 
 _NO_RULES = object()  # the token of every table without rules
-
-
-def _indexed(globs: dict[str, Spec]) -> _GlobIndex:
-    """The index of ``globs``, shared by every table of the same globs: a ``Metrics`` made
-    anew each step resolves its names as the one before did, from the memo.
-
-    >>> _indexed({"t/*": Spec("max")}) is _indexed({"t/*": Spec("max")})
-    True
-    """
-    key = frozenset(globs.items())
-    index = _INDEXES.get(key)
-    if index is None:  # bounded, should a program make endless rule sets
-        index = remember(_INDEXES, key, _GlobIndex(globs), 64)
-    return index
 
 
 class SpecTable:
@@ -176,7 +161,7 @@ class SpecTable:
         return True
 
     def _sort_globs(self) -> None:
-        self._glob_index = _indexed(self._globs)
+        self._glob_index = _GlobIndex(self._globs)
 
     def resolve(self, name: str) -> Spec:
         """The spec for ``name``: exact rule, else the longest matching glob, else ``Spec()``."""

@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+from ._lru import lru
 
 if TYPE_CHECKING:
     import torch
@@ -122,6 +124,21 @@ class SketchLayout:
         """Side counter: weight of samples clamped into an extreme bucket."""
         return 2 * self.n_buckets + 4
 
+    @cached_property
+    def representatives(self) -> np.ndarray:
+        """Answer of each value-ordered cell ``[0, nan_cell)``: -inf, buckets, 0, buckets,
+        +inf (read-only; made once per layout, which :func:`sketch_layout` keeps)."""
+        idx = np.arange(self.min_index, self.max_index + 1, dtype=np.float64)
+        pos = 2.0 * np.exp(idx * self.ln_gamma) / (self.gamma + 1.0)
+        reps = np.concatenate([[-np.inf], -pos[::-1], [0.0], pos, [np.inf]])
+        reps.flags.writeable = False
+        return reps
+
+    @property
+    def edge(self) -> float:
+        """The answer of the largest bucket, which also holds every clamped larger magnitude."""
+        return float(self.representatives[self.pos_inf_cell - 1])
+
 
 def sketch_layout(accuracy: float = 0.01) -> SketchLayout:
     """Return the (cached) layout for relative accuracy ``accuracy`` in (0, 1).
@@ -142,7 +159,7 @@ def sketch_layout(accuracy: float = 0.01) -> SketchLayout:
     return _layout(a)
 
 
-@cache
+@lru(32)  # a bound: the layouts of the latest accuracies
 def _layout(a: float) -> SketchLayout:
     ln_gamma = math.log1p(a) - math.log1p(-a)
     layout = SketchLayout(

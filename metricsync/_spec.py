@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from ._lru import LRU
 from ._sketch import sketch_layout
-from ._tokens import remember
 
 __all__ = [
     "ACROSS_MODES",
@@ -324,17 +324,14 @@ def _spec_from_json(text: str) -> Spec:
     return Spec.from_json(text)
 
 
-_CANONICAL: dict[Spec, Spec] = {}
-_CANONICAL_LIMIT = 4096
+_CANONICAL: LRU[Spec, Spec] = LRU(4096)  # a bound, should a program make endless specs
 
 
 def canonical(spec: Spec) -> Spec:
     """The one shared instance of specs equal to ``spec``: equal specs then compare by identity,
     which keeps layouts of many metrics cheap to build and compare."""
     found = _CANONICAL.get(spec)
-    if found is None:  # bounded, should a program make endless specs
-        found = remember(_CANONICAL, spec, spec, _CANONICAL_LIMIT)
-    return found
+    return _CANONICAL.setdefault(spec, spec) if found is None else found
 
 
 DEFAULT_SPEC = canonical(Spec())

@@ -19,7 +19,6 @@ usually few, are combined one by one).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cache
 
 import numpy as np
 
@@ -47,7 +46,6 @@ def _code(stat: str) -> int:
     return _QUANTILE if q is not None else _CODE[stat]
 
 
-@cache
 def _shape(spec: Spec) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, float], ...]]:
     """A spec's key suffixes, statistic codes and (offset, q) of its quantiles."""
     suffixes = [s[1:] for s in spec.output_keys("_")] + [s[1:] for s in spec.extra_keys("_")]
@@ -111,6 +109,14 @@ class Plan:
         self.quantile_at = np.flatnonzero(codes == _QUANTILE)
         self.template: dict[str, float] | None = None  # see compute
         self.stats_only = codes >= 0  # keys that are statistics (not ranks or drop counts)
+        self._distinct: bool | None = None  # see keys_distinct
+
+    def keys_distinct(self) -> bool:
+        """Whether no two of the keys are the same (worked out once per plan: the results
+        of a steady sync share theirs)."""
+        if self._distinct is None:
+            self._distinct = len(set(self.keys)) == len(self.keys)
+        return self._distinct
 
 
 def _statistic(code: int, cols: np.ndarray, slots: np.ndarray, ddof: np.ndarray) -> np.ndarray:

@@ -35,16 +35,17 @@ from ._devices import Devices, merge_devices
 from ._errors import SpecMismatchError
 from ._fold import Batch, fold, reduce_record
 from ._keys import Lookup, clash, clash_error, first_clash
+from ._lru import LRU
 from ._pending import FAST_LIMIT, PAIR_LIMIT, Held, HostPending
 from ._rules import SpecTable, merged_rules
 from ._spec import Spec
 from ._table import StateTable
-from ._tokens import remember
 
 __all__ = ["Store", "changing"]
 
-#: both sides' table and rules tokens of merges that agreed -> their rules (Store.absorb)
-_AGREED: dict[tuple[object, object, object, object], SpecTable] = {}
+#: both sides' table and rules tokens of merges that agreed -> their rules, and the slots
+#: of the merged table's names in this one (Store.absorb; a bound: the latest merges' pairs)
+_AGREED: LRU[tuple[object, object, object, object], tuple[SpecTable, np.ndarray]] = LRU(64)
 
 _BOOL = np.dtype(bool)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -541,13 +542,14 @@ class Store:
         table = other.table if other is not self and other.settled() else other.folded()
         # by token: a pair that agreed, changing no spec, agrees again (workers' results)
         key = (self.table.token, self.rules.token, table.token, other.rules.token)
-        if (merged := _AGREED.get(key)) is not None:
-            self._apply_rules(merged.copy(), {})
-        else:
+        if (agreed := _AGREED.get(key)) is not None:
+            self._apply_rules(agreed[0].copy(), {})
+            self.table.absorb(table, agreed[1])  # a gained name opens its number buffer
+        else:  # at its record
             merged = merged_rules(self.rules, self.table, other.rules, table)
             changes = self._rule_changes(merged)
             self._check_union(table, changes)
-            if not changes:  # a bound: the pairs of the latest merges
-                remember(_AGREED, key, merged.copy(), 64)
             self._apply_rules(merged, changes)
-        self.table.absorb(table)  # a gained name opens its number buffer at its record
+            at = self.table.absorb(table)
+            if not changes:
+                _AGREED.put(key, (merged.copy(), at))

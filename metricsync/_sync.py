@@ -51,7 +51,6 @@ collective already ran).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -71,6 +70,7 @@ from ._layout import (
     encode_entries,
     group_state,
 )
+from ._lru import LRU
 from ._placement import place
 from ._reduce import (
     HEADER,
@@ -346,14 +346,10 @@ def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> n
         out[missing] = _ruled_otherwise(rules, layout, missing.tolist())
         return out
     key = (rules.token, layout.fingerprint)
-    with _OTHERWISE_LOCK:
-        every = _OTHERWISE.get(key)
+    every = _OTHERWISE.get(key)
     if every is None:
         every = _ruled_otherwise(rules, layout, range(len(layout)))
-        with _OTHERWISE_LOCK:
-            if len(_OTHERWISE) >= 16:  # a bound: rules and layouts of the latest syncs
-                _OTHERWISE.pop(next(iter(_OTHERWISE)))
-            _OTHERWISE[key] = every
+        _OTHERWISE.put(key, every)
     return every & ~mine
 
 
@@ -368,8 +364,8 @@ def _ruled_otherwise(rules: SpecTable, layout: Layout, positions: Iterable[int])
 
 
 _FEW_MISSING = 64  #: layout positions a rank lacks that _declared_otherwise looks up one by one
-_OTHERWISE: dict[tuple[object, int], np.ndarray] = {}  # (rules token, layout) -> per position
-_OTHERWISE_LOCK = threading.Lock()
+#: (rules token, layout) -> per position (a bound: rules and layouts of the latest syncs)
+_OTHERWISE: LRU[tuple[object, int], np.ndarray] = LRU(16)
 
 
 def _uncovered(table: StateTable, layout: Layout) -> int:

@@ -14,13 +14,12 @@ through it.
 >>> cols = identity(1); cols[[W, S], 0] = [2.0, 6.0]
 >>> a.merge_state([a.slot("x", Spec())], cols)
 >>> b.merge_state([b.slot("x", Spec())], cols)
->>> a.absorb(b); a.compute()
+>>> at = a.absorb(b); a.compute()
 {'x': 3.0}
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,10 +29,11 @@ from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
 from ._errors import SpecMismatchError
 from ._fold import spec_info
+from ._lru import LRU
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._stats import Plan, compute, local_values
-from ._tokens import EMPTY_TABLE, remember, slot_token
+from ._tokens import EMPTY_TABLE, slot_token
 
 __all__ = ["Parts", "StateTable", "identity"]
 
@@ -54,10 +54,7 @@ class Parts:
     complete: bool = False  # sketches and aggs hold every slot whose spec needs one
 
 
-_PLANS: dict[object, Plan] = {}  # table token -> the Plan of its names and specs
-_PLANS_LOCK = threading.Lock()
-#: (token, other token) -> the slots of the other table's names in this one, see ``absorb``
-_SLOTS: dict[tuple[object, object], np.ndarray] = {}
+_PLANS: LRU[object, Plan] = LRU(8)  # table token -> the Plan of its names and specs
 
 
 class StateTable:
@@ -223,12 +220,15 @@ class StateTable:
         agg = self.aggs.get(slot)
         return agg is not None and bool(agg[:, 1].any())
 
-    def absorb(self, other: StateTable) -> None:
+    def absorb(self, other: StateTable, known: np.ndarray | None = None) -> np.ndarray:
         """Merge ``other`` in as one rank (specs already agreed): exact metrics pool samples,
-        ``across`` metrics add ``other``'s own result as a rank after its finished ranks."""
+        ``across`` metrics add ``other``'s own result as a rank after its finished ranks.
+        Returns the slots of ``other``'s names here; ``known``: those an earlier merge of
+        tables of the same two tokens returned (a single controller merges the same
+        shapes every step), so that no name is looked up."""
         if not self.names and other.names:
             self._take_names_of(other)
-        at = self._slots_for(other)
+        at = self._slots_for(other, known)
         mine = at.tolist()
         across, exact = other.plan().across, None
         if across:
@@ -243,7 +243,7 @@ class StateTable:
                 if exact is None or exact[t]:
                     self.sketches[mine[t]] += cells
         if exact is None:
-            return
+            return at
         own = other.own_values()
         for t in across:
             spec, m = other.specs[t], mine[t]
@@ -254,6 +254,7 @@ class StateTable:
             self.aggs[m] = merge_aggregates(self.aggs[m], agg, first)
             self.cols[DROP, m] += other.cols[DROP, t]
             self._blank = False
+        return at
 
     def _take_names_of(self, other: StateTable) -> None:
         """Give this empty table ``other``'s names, specs and index, blank, as a copy
@@ -266,20 +267,15 @@ class StateTable:
         self.aggs = {t: empty_aggregate(len(agg)) for t, agg in other.aggs.items()}
         self._blank = True
 
-    def _slots_for(self, other: StateTable) -> np.ndarray:
-        """:meth:`slots_of` ``other``'s names, worked out once per pair of tokens (a single
-        controller merges the same shapes every step)."""
+    def _slots_for(self, other: StateTable, known: np.ndarray | None) -> np.ndarray:
+        """:meth:`slots_of` ``other``'s names, or ``known`` (see :meth:`absorb`)."""
         if self.token is other.token:  # the same names and specs (a table that took them)
             return np.arange(len(other.names))
-        key = (self.token, other.token)
-        at = _SLOTS.get(key)
-        if at is None:
-            at = np.array(self.slots_of(other.names, other.specs), dtype=np.intp)
-            remember(_SLOTS, key, at, 64)  # a bound: the pairs of the latest merges
-        else:  # the same names and specs on both sides: create what that merge created
-            for t in np.flatnonzero(at >= len(self.names)).tolist():
-                self.slot(other.names[t], other.specs[t])
-        return at
+        if known is None:
+            return np.array(self.slots_of(other.names, other.specs), dtype=np.intp)
+        for t in np.flatnonzero(known >= len(self.names)).tolist():  # create what that
+            self.slot(other.names[t], other.specs[t])  # merge created
+        return known
 
     def own_values(self) -> dict[int, np.ndarray]:
         """Each ``across`` slot's statistics from its own samples (its rank's result)."""
@@ -367,10 +363,7 @@ class StateTable:
             plan = _PLANS.get(self.token)
             if plan is None or plan.n != len(self.names):
                 plan = Plan(self.names, self.specs)
-                with _PLANS_LOCK:  # copies are read on several threads (async syncs)
-                    while len(_PLANS) >= 8:
-                        _PLANS.pop(next(iter(_PLANS)))
-                    _PLANS[self.token] = plan
+                _PLANS.put(self.token, plan)  # copies are read on several threads (async syncs)
             self._plan = plan
         return plan
 

@@ -17,20 +17,23 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, TypeVar
 
+from ._lru import LRU
+
 __all__ = ["EMPTY_TABLE", "derived", "remember", "slot_token", "token_of"]
 
 V = TypeVar("V")
 
 #: (token, change ...) -> the token after that change
-_DERIVED: dict[tuple[Hashable, ...], object] = {}
-_BOUND = 1 << 16  #: tokens kept; past it the memory starts over and later tables rework
+#: (a bound: past it the least recently used are forgotten, and tables made by those
+#: changes again get new tokens and rework what is kept per token)
+_DERIVED: LRU[tuple[Hashable, ...], object] = LRU(1 << 16)
 
 
 def derived(token: object, *change: Hashable) -> object:
     """The token after ``change`` to what ``token`` stands for."""
     key = (token, *change)
     found = _DERIVED.get(key)
-    return remember(_DERIVED, key, object(), _BOUND) if found is None else found
+    return _DERIVED.setdefault(key, object()) if found is None else found
 
 
 def remember(kept: dict[Any, V], key: Any, value: V, bound: int) -> V:

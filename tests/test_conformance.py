@@ -397,8 +397,9 @@ def _empty_merge_memories(monkeypatch: pytest.MonkeyPatch) -> None:
     """What merges keep per pair of tokens, empty for the test: a check of the second merge
     must not meet a memory that earlier tests' merges brought to its bound, where it starts
     over and forgets the first merge's pairs."""
-    monkeypatch.setattr("metricsync._store._AGREED", {})
-    monkeypatch.setattr("metricsync._table._SLOTS", {})
+    from metricsync._lru import LRU
+
+    monkeypatch.setattr("metricsync._store._AGREED", LRU(64))
 
 
 def test_a_pair_merged_again_is_checked_from_what_agreed_before(
