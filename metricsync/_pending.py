@@ -1,28 +1,9 @@
-"""Host samples waiting to be folded into the state table, and the vectorized fold.
+"""Host samples waiting to be folded into the state table.
 
-Python numbers go to a per-name ``array('d')`` (weighted ones to a pair of
-them): the hot path of ``record`` is a dict lookup and an append, without a
-lock; a list of numbers extends it. Small arrays, CPU tensors and the kept
-samples of masked ones are listed under their name (a copy each; the kept
-samples are one already), so that a name's samples fold as one run. Those of
-a ``last`` metric (whose buffer keeps the time of its latest number), a
-``nan="error"`` one or weighted ones are copied into one preallocated float64
-buffer, their slot, length and time into flat arrays. :mod:`metricsync._runs`
-reads everything out as one batch. A fold turns every pending sample into
-state columns at once: runs ordered by (slot, time), one ``reduceat`` per
-needed column, runs of a slot merged with the merge algebra, and sketch cells
-counted over the touched cells only, never a full sketch per record
-(:func:`metricsync._fold.fold`).
-
-Threads: a consuming fold swaps each number buffer for a new one and reads
-the old one by copy (never exporting its memory, which an ``append``
-elsewhere would then fail to resize). A thread that fetched a buffer just
-before the swap may still append to it, so old buffers stay "retired" and are
-read again at every fold until no other reference to them remains: no
-sample of a ``record`` that returned is lost. A buffer is never truncated in
-place (a fold or ``clear`` swaps it for a new one), which lets ``capture``
-(an async sync's snapshot) note each buffer's length now and read that many
-numbers later, on another thread, changing nothing here.
+Python numbers append to a per-name ``array('d')`` without a lock (the hot path); small arrays
+and masked samples are listed per name, so a name folds as one run; :mod:`metricsync._runs`
+reads everything out as one batch. Buffers are swapped, never truncated, so a thread's late
+append is not lost and a capture can read later.
 
 >>> from metricsync._fold import fold
 >>> from metricsync._spec import Spec

@@ -1,20 +1,7 @@
 """How ``metricsync plot`` tells the statistics of one panel apart: a line style and a marker each.
 
-A panel's color says which run a curve belongs to, so the statistics of one
-metric differ by line style and marker, the same in every panel and run, and
-the panel's legend shows each one in gray:
-
-=========  ==================  =============================================
-statistic  line                marker
-=========  ==================  =============================================
-mean       solid               none
-last       solid               circles
-min, max   dotted              down / up triangles (a band when both are there)
-pNN        dashed, dash-dot    none, then squares, diamonds, ... past 2 quantiles
-others     dotted, then solid  pluses, crosses, ... (``std``, ``sum``, ``count``)
-=========  ==================  =============================================
-
-Within a panel no two statistics share both their line style and their marker.
+The same style per statistic in every panel and run (color says the run); within a panel no two
+statistics share both line style and marker.
 
 >>> styles = stat_styles(["mean", "max", "p99", "p50"])
 >>> [(s, styles[s].linestyle, styles[s].marker) for s in ("mean", "max", "p50", "p99")]
