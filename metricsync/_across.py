@@ -1,14 +1,8 @@
-"""Per-rank aggregates for ``across`` modes other than ``"exact"``.
+"""Per-rank aggregates for ``across`` modes other than ``"exact"`` (mean, sum, min, max, first).
 
-An ``across="mean"|"sum"|"min"|"max"|"first"`` metric combines each rank's
-own result. Its finished ranks are kept as one aggregate row per statistic,
-``[value, ranks, max, -min]``: ``value`` is the sum of the rank values (for
-``"first"``: the first holder's value), ``ranks`` how many ranks hold samples,
-``max``/``-min`` the extremes. ``value`` and ``ranks`` merge by sum (for
-``"first"``, the left operand wins when it holds a rank), the extremes by max,
-so aggregates ride in the same packed collectives as every other state. A rank
-without samples adds nothing. :func:`fold_rank` is the one way a rank's own
-result joins an aggregate.
+Each statistic keeps one row ``[value, ranks, max, -min]`` that merges by sum and max, so the
+aggregates ride in the same packed collectives as every other state column. :func:`fold_rank`
+is the one way a rank's own result joins an aggregate.
 
 >>> import numpy as np
 >>> ranks = fold_rank(fold_rank(empty_aggregate(1), np.array([3.0])), np.array([5.0]))

@@ -1,34 +1,9 @@
 """The merge algebra of metric states, declared once.
 
-Every metric owns one column of float64 state per entry of :data:`COLUMNS`;
-a table of metrics is a column-first array of shape ``(NCOL_ALL, n)``. Each
-column names its merge rule (:class:`Op`), and everything that combines
-states derives from this one table: :func:`merge` (recording folds, ``merge``,
-the all-gather sync), the packed all-reduce sync, the binary format's column
-list and :func:`needed_columns` (what a spec carries through a sync).
-
-====== ================================================ ===========
-column meaning                                          merge
-====== ================================================ ===========
-W      sum of weights (``count``)                       sum
-S      sum of weight * value (``mean = S / W``)         sum
-MAX    largest value with weight > 0                    max (0.0 > -0.0)
-NEGMIN minus the smallest value with weight > 0         max
-T      recording time (us) of the latest kept sample    max
-LAST   that sample (equal times: the larger, NaN wins)  by T
-M2     sum of w * (x - mean)^2                          Chan
-DROP   non-finite samples dropped (``nan="ignore"``)    sum
-N      number of samples with weight > 0                sum
-W2     sum of squared weights                           sum
-MAXRNK rank that held MAX (NaN: this process)           by MAX
-MINRNK rank that held the minimum                       by NEGMIN
-====== ================================================ ===========
-
-The first :data:`NCOL` columns are the persisted state rows of the binary
-format; the two rank columns travel only for ``argrank`` specs. ``N`` makes
-linear quantiles depend on the proportions of the weights only (their mean
-weight is ``W / N``), ``W2`` the ``ddof`` correction of ``var`` and ``std``
-(reliability weights: ``W - ddof * W2 / W``); unweighted, both equal ``W``.
+Every metric owns one float64 column per entry of :data:`COLUMNS` (W, S, MAX, NEGMIN, T, LAST,
+M2, DROP, N, W2, MAXRANK, MINRANK), each naming its merge rule (:class:`Op`); :func:`merge`, the
+packed syncs, the binary format and :func:`needed_columns` all derive from that table, so a
+sync equals a merge.
 
 >>> import numpy as np
 >>> a = identity(1); a[[W, S, MAX, NEGMIN], 0] = [2.0, 3.0, 2.0, -1.0]

@@ -1,33 +1,9 @@
 """The reduce path of a sync: every rank's packed state combined by ``all_reduce``.
 
-The gather path (:mod:`metricsync._sync`) hands every rank every rank's packed
-state, so the bytes a rank receives and its merge grow with the group. This path
-combines the same packed vector (:func:`metricsync._reduce.pack`) with reductions
-whose size does not depend on the number of ranks ``W``:
-
-- **round A**, one ``MAX`` ``all_reduce`` of ``int64`` keys: the header (each word
-  ``x`` as ``x`` and ``-x``, so equal maxima mean agreement), the flags (one word
-  per bit), the MAX columns (MAX, NEGMIN, T), the ``across`` extremes, the lowest
-  rank holding each ``across`` aggregate (as ``-rank``), and per ``M2`` metric the
-  largest and smallest rank mean. A float travels as its total-order key
-  (:func:`key`), so the maximum is the merge's, NaN and ``0.0 > -0.0`` included.
-- **round B**, one ``SUM`` ``all_reduce`` of float64: W, S, DROP; quantile cells
-  in a window every rank agrees on (already widened to the global extremes of
-  round A, so a sample outside it costs no extra collective); ``M2`` by Chan's
-  combination about a shift every rank agrees on (the midpoint of the rank means
-  of round A): ``M2 = sum(M2_r) + sum(W_r d_r^2) - (sum W_r d_r)^2 / W`` with
-  ``d_r = mean_r - shift``, stable because every ``d_r`` is at most the spread of
-  the rank means; for ``last`` and ``argrank``, the ranks whose time (extreme)
-  equals round A's maximum send their value (rank), the others ``-0.0``, with
-  their count: one such rank gives the value exactly; ``across`` sums, and the
-  ``first`` value from the holder of round A; which layout names some rank holds
-  (only when no rank holds them all), as counts packed in base ``W + 1``: the
-  sync's result and the layout's retirement (:mod:`metricsync._retire`) use them.
-- **round C**, only when two ranks tie on a ``last`` time with different values,
-  or on an ``argrank`` extreme: one small ``MAX`` of the tied positions.
-
-A steady sync is two collectives; every rank computes the same numbers from the
-same reduced buffers. The group chooses this path with :func:`choose`.
+For large groups, where a gather's bytes grow with the ranks: round A, a MAX of int64
+total-order keys (header, flags, extremes, rank means); round B, a SUM of float64 (sums,
+sketch cells in an agreed window, M2 by Chan about an agreed shift); round C only on ties.
+The group picks this path by :func:`choose`.
 
 >>> key(np.array([-0.0, 0.0, -1.0, np.nan])).argsort().tolist()
 [2, 0, 1, 3]

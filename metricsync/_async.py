@@ -1,68 +1,9 @@
 """Asynchronous syncs: off the training thread, on a gloo "bookkeeping" process group.
 
-``metrics.sync(group, timeout=..., async_op=True)`` takes a snapshot of the
-state at the call (later records go to the next sync, none is lost or counted
-twice) and returns a :class:`SyncHandle` at once. One daemon worker thread per
-process runs the queued syncs in the order they were started, each as the
-blocking sync would (:func:`metricsync._sync.sync_table`, one ``all_gather``
-in steady state), on the *bookkeeping group* of its group: a separate gloo
-group over the same ranks, so the worker's collectives never interleave with
-the training thread's (collectives on one group must be issued in the same
-order on every rank, which two threads cannot promise) and, under NCCL, run
-on the host without touching the GPU.
-
-**Creating the bookkeeping group** is collective; :func:`bookkeeping_group`
-does it once per group (later calls return the same group):
-
-- for a group over every rank (the default group, or a 1-D mesh spanning the
-  world) the first async sync does it for you: every rank calls that sync at
-  the same point of the program, so the ``torch.distributed.new_group`` call
-  inside happens on every rank in the same order relative to the program's
-  other ``new_group`` calls, as torch requires;
-- for a sub-group, every member calls ``ms.bookkeeping_group(group)`` once at
-  set-up (right after creating the group); an async sync over a sub-group
-  without it raises ``RuntimeError``. Only the members rendezvous (torch's
-  ``use_local_synchronization``), and they must have created the same number
-  of process groups before, as SPMD programs do.
-
-Its cost: the creation blocks the calling thread until every member arrives
-(a rendezvous through the store; a missing rank makes it fail after the
-timeout) and connects every member to every other one (gloo's full mesh:
-``world - 1`` TCP connections per rank); then one more process group (its
-sockets and gloo's threads) and the worker thread live for the rest of the
-process. The group keeps the timeout it was created with (the first async
-sync's, or ``bookkeeping_group``'s ``timeout``; torch's default of 30 minutes
-without one) as the bound gloo puts on each of its collectives.
-
-**The snapshot** is taken in two halves. On the calling thread, under the
-store's lock: CUDA timers are read, accelerator states come to the host (one
-blocking device-to-host copy per device, which waits for the work queued on
-the device's current stream), the table is copied, and the pending host
-samples are *captured*, not folded: each number buffer with its length now
-(buffers only grow in place; later records land past it, for the next sync)
-and a copy of the few buffered array samples (``Store.snapshot_later``).
-Nothing in the ``Metrics`` changes. The worker folds the captured samples
-into the table copy before the collectives: the same table, bit for bit,
-as a blocking sync at that call. It first passes through the store's lock:
-woken at the call, it wants the GIL, which the calling thread lets go inside
-numpy's larger fills (``reset()`` right after the sync has some); the fold
-would then make that thread wait, so the worker lets its Metrics call end.
-
-**Order and faults.** Ranks must start the async syncs of a group in the same
-order, with the same ``Metrics`` objects (one kept for the whole run, or a new
-one each time, alike on every rank). Each sync's header carries the group's
-sync number, its layout fingerprint and a *tag*: where this ``Metrics`` object
-was last synced asynchronously on the group. A rank that skips a sync, syncs
-more often, or swaps two ``Metrics`` that were synced before gets
-:class:`~metricsync.SyncError` on every rank, not a wrong merge (and the group
-is out of step from then on). Two ``Metrics`` swapped from their very first
-async sync on (one rank always syncs A where another syncs B) cannot be told
-apart without also forbidding ranks to hold and declare different names, so
-that stays the caller's duty, as for blocking syncs. A missing rank gives
-``SyncError`` from ``wait()`` within the sync's timeout, counted from the call.
-At exit, pending syncs (and the steps a Tracker still has to write) get
-:data:`EXIT_WAIT` seconds in all; the worker is a daemon thread and never
-keeps the interpreter alive.
+``sync(async_op=True)`` snapshots the state under the lock (pending samples captured, not
+folded) and returns a :class:`SyncHandle`; one daemon worker runs the syncs in call order on
+a separate gloo group over the same ranks, so its collectives never interleave with the
+training thread's.
 
 >>> import metricsync as ms
 >>> handle = ms.Metrics().sync(async_op=True)  # no process group: done at once

@@ -1,8 +1,5 @@
-"""Contenders of the sync benchmark: other projects' metric reductions, replicated.
-
-Each is written for the benchmark from the published algorithm (not copied),
-so that ``metricsync bench`` times metricsync against what those projects do,
-in the same processes.
+"""Contenders of the sync benchmark: other projects' metric reductions, written from their
+published algorithms so that ``metricsync bench`` times them in the same processes.
 
 >>> olmo_divide_factor(8)
 4.0

@@ -1,41 +1,9 @@
 """The sync benchmark behind ``metricsync bench`` and ``bench/sync.py``.
 
-For K metrics (a mix of mean, sum, max and std, 4 records each per rank) on
-N gloo ranks, it times in one run, in the same processes, interleaved (each
-repeat runs every approach once, in a rotating order), the slowest rank's
-median over the repeats:
-
-- ``metricsync``: ``Metrics.sync()`` then ``compute()`` in steady state (the
-  layout already agreed), and ``sync()`` alone. Nothing is recorded between
-  these syncs, so each reads the fold the ``Metrics`` kept from the last one;
-- ``after_record``: the same right after every rank recorded one more number
-  into one of its metrics, so each sync folds every pending sample again (what
-  a training step that records, then syncs, pays);
-- ``olmo_core``: OLMo-core's ``reduce_metrics``, replicated: each rank's
-  metrics as 0-d tensors (its local reductions, made in advance), split by
-  reduce type, packed, one SUM and one MAX collective, unpacked into a dict.
-  OLMo-core has no std, so the std quarter goes as plain means: the
-  contender does less than metricsync (and its means are means of rank
-  means);
-- ``floor``: the collectives metricsync's steady sync makes (same kinds,
-  same sizes, recorded with :func:`metricsync.testing.count_collectives`),
-  on buffers packed in advance: the cost of the bytes alone; ``floor_dict``: the
-  floor, then a dict of K new floats, as ``compute()`` returns;
-- ``gather_object``: ``all_gather_object`` of each rank's ``dict[str, list]``,
-  then a merge and numpy on every rank (the pattern verl uses today);
-- ``per_metric``: one ``all_reduce`` per metric (OpenRLHF / Megatron style),
-  timed on at most 1,000 metrics and scaled to K (its cost is linear in K);
-- ``changed``: a sync (plus ``compute()``) right after the odd ranks added a
-  name, so the layout differs from the agreed one; interleaved with a steady
-  sync at the same K right after the odd ranks recorded one number into a name
-  the layout holds (``steady_recorded``: the same records, the same fold; the
-  ratio is what the layout change costs), and with a steady sync recording
-  nothing (``steady_again``).
-
-It also counts the payload bytes each rank hands to the collectives per
-steady sync (for gloo's all-to-all, the chunk each other rank receives), and the bytes per quantile metric: the marginal bytes of one
-more ``(mean, p50, p99)`` metric whose samples span 16-4,096 (1% accuracy); and the CPU
-per call of the first seven approaches, every rank's process together (``cpu_*``).
+K metrics on N gloo ranks, every approach interleaved in the same processes (metricsync's
+steady sync, after a record, OLMo-core's reduce, the collectives' floor, ``gather_object``,
+one ``all_reduce`` per metric, a layout change); reports the slowest rank's median time,
+payload bytes and CPU per call.
 
 >>> row = run(world_size=2, metrics=20, repeats=2)[0]
 >>> row["collectives_metricsync"] <= 3, row["cpu_floor"] > 0, "CPU per call" in format_rows([row])

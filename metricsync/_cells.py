@@ -1,9 +1,7 @@
 """Sketch additions of folded samples: only the cells they touch, never a whole sketch.
 
-A fold (:mod:`metricsync._fold`) places the samples of quantile metrics in
-their sketch cells and counts them per cell, weighted or not, over the span
-of the touched cells; a sync or a table then adds the counts to the metric's
-sketch. Samples out of the sketch's range also count in its clamped cell.
+A fold places quantile samples in their cells and counts them per cell over the touched span;
+a sync or a table adds the counts to the metric's sketch.
 
 >>> import numpy as np
 >>> from metricsync._spec import Spec

@@ -1,19 +1,8 @@
 """The ``metricsync`` command line (also ``python -m metricsync``).
 
-::
-
-    metricsync demo    [--world-size N] [--steps S] [--out DIR]   simulated multi-rank training
-    metricsync show    RUN [--keys GLOB] [--last N] [--format table|csv|json]
-                           [--transpose] [--ranks] [--follow]      table of logged steps
-    metricsync plot    RUN [RUN ...] [--keys GLOB] [--smooth A] [--logy] -o OUT.png
-    metricsync compare RUN_A RUN_B [--step S] [--keys GLOB]         one step side by side
-    metricsync bench   [--world-size N] [--metrics K]             sync cost against the baselines
-    metricsync --version
-
-A ``RUN`` is a run directory holding ``metrics.jsonl`` or a ``.jsonl`` file
-(metricsync's log, or verl's file-logger log); ``GLOB`` is an ``fnmatch``
-pattern, or several separated by commas. Errors print one line,
-``metricsync: error: ...``, on stderr and exit with 1; bad usage exits with 2.
+Subcommands ``demo``, ``show``, ``plot``, ``compare`` and ``bench``; a ``RUN`` is a run
+directory or a ``.jsonl`` log (metricsync's or verl's). Errors print one line and exit 1, bad
+usage exits 2; ``metricsync --help`` lists the options.
 
 >>> import tempfile, pathlib
 >>> from metricsync._tracker import Tracker

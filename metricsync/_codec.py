@@ -1,44 +1,9 @@
 """The versioned binary format of a :class:`~metricsync.Metrics` (no pickle inside).
 
-Layout, all little-endian::
-
-    magic "MSYN" | u16 version | u16 flags (0) | u32 header length | u64 body length
-    header: UTF-8 JSON {"rules": [[key, spec]], "slots": [[name, spec]],
-                        "sketch": [[slot, cells]], "agg": [[slot, rows]]}
-                        "ranks": [slot] (only when an argrank metric is present)}
-    body:   float64 state rows (slots x 10), then the (start, count) window of each
-            sketch, then the count cells of each sketch from its start, then each across
-            aggregate (rows x 4), then the (max rank, min rank) pair of each argrank metric
-    u32 CRC-32 of everything before it
-
-A sketch sends its cells between its extremes (lengths 16-4,096 at 1%: ~300 of
-8,067). Version 1, still read, sent every cell of every sketch. Versions 1 and 2,
-still read, hold 8 state rows (no ``N`` and ``W2``, the count of samples and the
-sum of squared weights): their weights read as unit weights (``N = W2 = W``),
-which is exact for unweighted and masked records.
-
-Every length is checked against the bytes actually present before anything is
-allocated, so a hostile header cannot make the decoder allocate more than 4 MiB
-plus a bounded multiple of the input's size: the body must be exactly as long as
-the declared metrics and windows need before any state is created, the whole
-sketches a blob declares may take at most 4 MiB plus 32 bytes per byte of the
-blob (the encoder sends as many sketches whole as that needs), a format spec may
-not ask for a width or precision above 100 (``format`` would allocate that many
-characters), and a spec may ask for at most 32 statistics, so ``compute()`` and
-``format()`` of a decoded blob stay linear in its size. The decoder's work is
-linear in the input's size. Anything malformed raises
-:class:`~metricsync.CodecError`, and nothing else.
-
-Decoded states must be ones that recording and merging can produce: weight
-sums, sample counts, squared-weight sums and sketch cells are ``>= 0`` (not NaN),
-dropped-sample counts and the per-rank counts of ``across`` aggregates are whole
-numbers from 0 to 2**53 (so that merging decoded states never overflows) and no
-time stamp is NaN; anything else is a ``CodecError``. A column no metric of the blob
-carries is then set to its identity, as folds and syncs leave it. Values (sums, extremes,
-``last``, second moments, aggregate values) may be NaN or infinite, as
-``nan="propagate"`` samples and float64 overflow make them; ``compute()``
-then reports NaN or infinities for them. Unknown extra header fields are
-ignored.
+``magic "MSYN" | version | header length | body length | JSON header | float64 body | CRC-32``.
+Every length is checked before anything is allocated and decoded states must be ones recording
+and merging can produce, so a hostile blob gives :class:`~metricsync.CodecError` and bounded
+work.
 
 >>> import metricsync as ms
 >>> m = ms.Metrics({"lr": ms.Spec("last")}); m.record("lr", 3e-4)

@@ -1,9 +1,6 @@
 """The decoder's side of the binary format (see :mod:`metricsync._codec`): a header's
-checked :class:`Shape`, and the table a body of that shape holds.
-
-Every length is checked against the bytes present before anything is allocated,
-and a decoded state must be one that recording and merging can produce (see
-:func:`_check_counts`); anything else raises :class:`~metricsync.CodecError`.
+checked :class:`Shape`, and the table a body of that shape holds; anything that recording and
+merging cannot produce raises :class:`~metricsync.CodecError`.
 
 >>> from metricsync._spec import Spec
 >>> shape = new_shape({"rules": [], "slots": [["x", Spec("max").to_json()]], "sketch": [], "agg": []})

@@ -1,16 +1,8 @@
 """Merging the :class:`~metricsync.Metrics` that Ray tasks and actors return.
 
-A ``Metrics`` pickles through metricsync's binary format, so a Ray task or
-actor method can simply return one. On the driver, :func:`collect` resolves
-any ``ObjectRef`` with ``ray.get`` and merges everything, each operand
-counting as one rank (for ``across`` specs). ``None`` results are skipped, so
-workers that are not rank 0 of their DP group can return ``None``::
-
-    refs = [worker.train_step.remote(batch) for worker in workers]
-    merged = collect(refs, timeout=60.0)
-    tracker.log(merged, step=step)
-
-Ray is imported only when an ``ObjectRef`` is present.
+:func:`collect` resolves ``ObjectRef`` results with ``ray.get`` and merges them, each operand
+one rank (``None`` skipped, for workers that are not rank 0 of their DP group). Ray is imported
+only when an ``ObjectRef`` is present.
 
 >>> import metricsync as ms
 >>> a, b = ms.Metrics(), ms.Metrics()

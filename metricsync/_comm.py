@@ -1,28 +1,9 @@
 """The collectives of one sync: numpy buffers through a process group, under one deadline.
 
-:class:`Comm` moves host arrays through the group's device (the CPU for
-gloo, the current CUDA device for NCCL), waits for each collective with
-whatever remains of the sync's deadline, and turns the backend's failures,
-and only those, into :class:`~metricsync.SyncError`. Once a collective has
-failed the group's collectives are out of step (a peer may still be inside
-the one we abandoned), so the group is marked broken: later syncs on it raise
-at once and never enter a collective. On gloo a gather is an all-to-all:
-every rank sends its array to every other rank in one exchange, instead of
-the ring of ``world - 1`` steps gloo's ``all_gather`` takes (on 4 ranks of
-a 2-core machine, about half the time for the few kilobytes a sync sends;
-groups of more than :data:`EXCHANGE_MAX` ranks keep the ring). A group of one
-rank (a data-parallel group of one, under tensor or pipeline parallelism) runs
-no collective at all: its own array is the gather.
-
-A host collective is waited for by polling: the thread yields the CPU
-between checks for up to :data:`POLL_SECONDS`, then blocks. Gloo completes a
-collective on its own threads, and a thread blocked on it must be woken
-when it is done; under load that wake-up costs more than the few kilobytes
-a sync sends (on 2 ranks of a 2-core machine a gather takes about a quarter
-less time polled, on 4 ranks about a third less). A rank that waits longer,
-for a peer still at work, blocks after the poll and burns no CPU. An async
-sync's thread does not poll: it would take the GIL from the training
-thread at every check.
+:class:`Comm` waits with what remains of the deadline and turns backend failures into
+:class:`~metricsync.SyncError`, marking the group broken. On gloo a gather is one all-to-all,
+and host collectives are polled before blocking (cheaper wake-ups on small payloads); a group
+of one rank runs no collective.
 
 >>> import numpy as np
 >>> remaining(None) is None

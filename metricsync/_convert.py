@@ -1,9 +1,7 @@
 """Turning recorded values, weights and masks into checked arrays.
 
-Host data (Python numbers, numpy, lists, CPU tensors) becomes flat float64
-numpy arrays, copied (a later in-place change by the caller changes nothing
-recorded) and checked here. Accelerator tensors stay on their device: only
-their dtypes and shapes are checked here, never their values.
+Host data becomes flat float64 numpy arrays, copied and checked here; accelerator tensors stay
+on their device, with only their dtypes and shapes checked.
 
 >>> host_values("loss", 2)
 array([2.])

@@ -1,12 +1,7 @@
 """``metricsync demo``: a simulated multi-rank RL training run over gloo on this machine.
 
-N processes on 127.0.0.1 play data-parallel ranks of a PPO-shaped trainer.
-Every step each rank records what a real trainer records (per-token entropy
-under response masks, per-micro-batch losses under gradient accumulation,
-response lengths with quantiles, the learning rate, throughput, timings that
-only some ranks measure), then all ranks ``sync()`` and rank 0 logs to the
-console and to JSONL (and TensorBoard when installed). At the end it prints
-where the log and a PNG of the curves are.
+N local processes record what a PPO-shaped trainer records, ``sync()`` each step, and rank 0
+logs to the console and JSONL; it ends by printing where the log and a plot are.
 
 >>> from metricsync._demo import SPECS
 >>> SPECS["actor/lr"]

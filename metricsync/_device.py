@@ -1,40 +1,9 @@
 """Accelerator tensors: pending records of one device, folded with segment reductions.
 
-A record launches nothing: it keeps a reference to the tensor (value, weight and
-mask each detached from any autograd graph) with its version counter
-(:mod:`metricsync._device_refs`), with the record's row, weight kind and time on
-the host. A tensor whose storage is a view into a much larger one, one made under
-``torch.inference_mode()`` (no version counter), and one in-place-changed records
-can't see, is copied into a preallocated float64 buffer instead (a ``copy_``; a
-mask or weight adds a few ops). It never reads the device: no ``.item()``,
-``.cpu()``, boolean indexing or blocking host-to-device copy. Folds run under
-``torch.no_grad()`` and outside inference mode: the state never holds a graph.
-
-A fold reduces every pending record of the device at once: the references are
-stacked (one ``torch.stack`` per dtype, or per shape and weight kind), and the
-device fold (:mod:`metricsync._device_fold`) reduces them into per-metric state
-columns with a few dozen ops, merged into the device's accumulated state (only
-the columns some metric carries). It runs when a bound is reached, so its
-points depend on the records alone: 1,024 pending references or 2M referenced
-elements (``REF_LIMIT``, ``REF_ELEMENTS``), or a full copy buffer (at most 2M
-float64 elements, values and weights: 32 MiB); the fold's temporaries are a few
-times that. It also runs for every observation (``compute()``, ``sync()``,
-``copy()``, ``to_bytes()``), which then copies the state to the host once per
-device, without folding into the state (later results stay bit for bit what
-they would be unobserved).
-
-The rule of an observation: what it read stays. It *pins* the pending references
-it read: each is replaced by a view of the stacked copy the observation made (same
-order, dtypes and shapes, no extra copy), so a later in-place change of a
-reported tensor changes nothing, and no later record (of any name) changes or
-drops a reported sample. A tensor changed in place before the first observation
-that read it is left out and flagged.
-
-Value checks that need the data (a negative or non-finite weight, a mask
-that is not 0/1, a non-finite sample under ``nan="error"``, a referenced tensor
-changed in place before it was read) run inside the fold: a failing record is
-left out and flagged, and every later observation raises naming the metric
-until ``reset()`` (no observation clears it: not a ``copy()``, not a ``compute()``).
+A record keeps a reference (or a ``copy_`` into a buffer) and never reads the device; a fold,
+at bounds that depend on the records alone, reduces every pending record at once. An
+observation pins what it read; value checks run inside the fold and are reported by every
+later observation until ``reset()``.
 
 >>> import torch
 >>> from metricsync._spec import Spec

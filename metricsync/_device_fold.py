@@ -1,14 +1,8 @@
 """The device fold: every pending record of one device reduced at once, on the device.
 
-The records' rows, lengths, weight kinds and times (plus each row's NaN
-policy and the identity state) go to the device in one small pinned,
-non-blocking copy. Each element then learns its record and row through
-``repeat_interleave`` (with the output size given, so nothing is read back),
-and each needed state column is one segment reduction over rows
-(``index_add_`` for sums, ``scatter_reduce_`` for extremes and the position
-of the latest sample). Sketch cells go through one ``index_add_`` per
-accuracy. The number of ops depends on the columns the metrics need, not on
-the number of records or metrics.
+Rows and lengths go over in one pinned copy, elements learn their row by
+``repeat_interleave``, and each needed column is one segment reduction: the number of ops
+depends on the columns needed, not on the records or metrics.
 
 >>> import torch
 >>> from metricsync._device import DeviceState

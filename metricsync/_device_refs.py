@@ -1,25 +1,9 @@
 """Pending references of one device: records kept as tensors until a fold, then
-gathered into one flat batch with a few batched ops whatever their number.
+stacked per dtype or shape into one flat batch with a few batched ops.
 
-A record of an accelerator tensor launches nothing: it keeps the tensor (detached
-from any autograd graph) and its version counter. A fold stacks the references,
-grouped by dtype (0-d tensors) or by shape, dtypes and weight kind (others), one
-``torch.stack`` per group, and hands the stacked values to the device fold.
-
-Two guards keep a reference from giving a wrong number:
-
-- a reference is kept only of a tensor whose storage is small beside it
-  (:func:`keepable`); a view into a large tensor is copied at the record instead,
-  so a large buffer the caller refills does not change it, and its memory is not
-  held;
-- a tensor changed in place before it was read (its version counter moved: a
-  write through it, its base or any view of them) is left out, and its row flagged
-  (:data:`BAD_CHANGED`), which every later ``compute()`` reports naming the metric
-  until ``reset()``; an observation pins what it read (``gather(pin=True)``), so a
-  change after it changes nothing.
-
-Writes that bypass the version counter (through ``.data``, a DLPack or numpy
-alias, a CUDA graph replay) cannot be seen: record a ``.clone()`` of such a tensor.
+Only tensors small beside their storage are kept (views into large ones are copied), and a
+tensor changed in place before it was read (its version counter moved) is left out and
+flagged; writes that bypass the counter cannot be seen.
 
 >>> import torch
 >>> t = torch.ones(3)

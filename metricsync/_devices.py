@@ -1,9 +1,6 @@
-"""The accelerator side of one ``Metrics``: a :class:`~metricsync._device.DeviceState`
-per device, and the *lane* of each name recorded on one: the device, its state and
-the name's row there, so that the name's later records go straight to that row.
-
-Importing this module does not import torch: ``_device`` (which does) loads on a
-first device record.
+"""The accelerator side of one ``Metrics``: a :class:`~metricsync._device.DeviceState` per
+device, and each name's *lane* (device, state, row) so later records go straight to their row.
+Importing this module does not import torch.
 
 >>> devices = Devices()
 >>> bool(devices), devices.recorded_slots()

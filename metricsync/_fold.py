@@ -1,16 +1,8 @@
 """Folding host samples into state columns, vectorized.
 
-Two kinds of input reach the fold. *Runs* are consecutive samples of one
-metric in a buffer (a name's buffered Python numbers, or one small array):
-each becomes a state column with one ``reduceat`` per needed column, in
-buffer order, no copy. *Rows* are records reduced on arrival
-(:func:`reduce_record`, for arrays of more than a few hundred samples, where
-a few numpy reductions cost less than buffering every sample). Rows of one
-metric then merge in recording order (:func:`merge_by_slot`): sums and
-extremes with one ``reduceat`` each, ``last`` as the latest row, the second
-moment by Chan's formula one row after the other, as separate records always
-have. Sketch cells are counted over the span of the touched cells only
-(:mod:`metricsync._cells`). :func:`fold` takes what :mod:`metricsync._pending` buffered, as a :class:`Batch`.
+*Runs* (a name's buffered samples) become columns with one ``reduceat`` per needed column;
+*rows* (large records reduced on arrival, :func:`reduce_record`) merge in recording order
+(:func:`merge_by_slot`). :func:`fold` takes a :class:`Batch` of what was buffered.
 
 >>> import numpy as np
 >>> from metricsync._spec import Spec

@@ -1,18 +1,12 @@
 """Human-readable numbers: format specs, the adaptive format and one-line summaries.
 
-A metric's ``fmt`` is a Python format spec without braces (``".3f"``,
-``".2e"``, ``",.0f"``, ``".1%"``); ``None`` selects the adaptive format of
-:func:`format_value`, which never prints a learning rate as ``0.000``.
+``fmt`` is a format spec without braces; ``None`` picks the adaptive :func:`format_value`.
+Specs are bounded (:data:`MAX_FMT_LENGTH`, :data:`MAX_FMT_NUMBER`) so a log header cannot make
+formatting expensive. Pure functions, no numpy or torch.
 
 >>> format_line({"actor/lr": 3e-4, "loss": 0.693147, "tokens": 123456789.0},
 ...             {"actor/lr": None, "loss": ".3f", "tokens": None})
 'actor/lr=3.00e-04  loss=0.693  tokens=123,456,789'
-
-Format specs are bounded: at most :data:`MAX_FMT_LENGTH` characters, and no
-width or precision above :data:`MAX_FMT_NUMBER`, so formatting one value
-costs at most a few hundred characters whatever a log file's header says.
-
-Pure functions; nothing here imports torch or numpy.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Histograms of quantile metrics, read from their merged sketches.
 
-The sketch of a quantile metric counts every sample of every rank in
-log-spaced buckets, so after a merge or a sync it is a histogram of all
-samples: no sample is gathered to draw it. :func:`sketch_histogram` turns the
-cells into bucket edges and counts, trimmed to the occupied range and clipped
-to the exact minimum and maximum when they are finite (a metric holding NaN or
-an infinity keeps that as its min or max: its outer edges stay bucket bounds).
-Infinite and NaN samples have no bucket and are left out.
+A merged sketch counts every rank's samples in log-spaced buckets, so no sample is gathered to
+draw one; :func:`sketch_histogram` trims it to the occupied range, clipped to the exact
+extremes. Non-finite samples are left out.
 
 >>> import numpy as np
 >>> from metricsync._sketch import ingest_numpy, sketch_layout

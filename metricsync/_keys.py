@@ -1,13 +1,7 @@
 """Output keys two metrics would share: a metric named like another's derived key.
 
-``compute()`` reports a one-statistic metric under its name and a metric of
-several statistics as ``name/stat``, and adds ``name/nan_dropped``,
-``name/max_rank`` and ``name/min_rank`` where its spec asks for them. A metric
-named ``x/max`` beside ``x`` of statistics ``("mean", "max")`` would report the
-same key, one value silently replacing the other; so wherever two such names
-would meet (a record or ``define``, a merge, a sync, a decoded blob) they are
-refused, naming both. Statistics hold no ``/``, so two keys can only meet where one
-metric's name is another's derived key.
+``x/max`` beside ``x`` of statistics ``("mean", "max")`` would report the same key; wherever
+such names meet (record, ``define``, merge, sync, decode) they are refused, naming both.
 
 >>> from metricsync._spec import Spec
 >>> specs = {"x": Spec(("mean", "max"))}

@@ -1,22 +1,8 @@
 """Layout agreement across ranks: the sorted (name, spec) list every rank packs its state in.
 
-A :class:`Layout` is an agreed, name-sorted list of (name, spec) with a
-62-bit fingerprint and, per state column, the positions whose spec carries
-it. Each process group remembers the last agreed layout (a
-:class:`GroupState`, keyed by the group's name and ranks, never by ``id``,
-and tied to the group object by a weak reference: a group re-created under
-the same name, as ``init_process_group`` after ``destroy_process_group``
-does, starts afresh), so a steady sync packs straight into it. When a rank holds a name the layout
-lacks, ranks exchange only those new entries (:func:`encode_entries`, bytes
-in ``uint8`` tensors, no pickle) and extend the layout with them
-(:meth:`Layout.extended`): the new names are inserted into the sorted lists,
-and the fingerprint chains the agreed one with the additions, so every rank,
-extending the same layout by the same additions, agrees without re-encoding
-every name.
-
-Entries travel as one UTF-8 block: the distinct spec texts, then the names,
-then a spec index per name, so a layout of 10,000 names parses a handful of
-specs, not 10,000.
+A :class:`Layout` has a chained 62-bit fingerprint; each group remembers its last agreed one
+(:class:`GroupState`, keyed by the group's name and ranks), so a steady sync packs straight
+into it, and new names extend it by exchanging only the additions (compact UTF-8 entries).
 
 >>> from metricsync._spec import Spec
 >>> layout = Layout([("b", Spec("max")), ("a", Spec())])

@@ -1,27 +1,8 @@
 """The JSONL metric log that the ``jsonl`` backend writes: its records, encoded and parsed.
 
-Layout of ``run_dir/metrics.jsonl``: one strict JSON object per line (UTF-8,
-``\\n``-terminated, no ``NaN``/``Infinity`` literals):
-
-- a **header** record ``{"metricsync": 1, "formats": {"loss": ".3f", "lr": null},
-  "time": 1700000000.0}`` before the first step, and again whenever a key
-  appears or changes format (it then holds only the new or changed keys);
-  readers merge the formats of all headers, later ones winning. A header
-  with ``"complete": true`` holds the format of every key logged after it
-  that no later header introduces; the writer repeats one every few MiB,
-  so a reader starting from the end of the file need not go back further;
-- one **step** record per logged step,
-  ``{"step": 3, "time": 1700000000.5, "values": {"loss": 0.25, "lr": "nan"}}``;
-  ``time`` is ``time.time()`` at logging; NaN and infinities are stored as the
-  strings ``"nan"``, ``"inf"`` and ``"-inf"``.
-
-verl's file logger (``{"step": 3, "data": {"loss": 0.25}}`` per line, ``NaN``
-literals allowed, non-numeric values ignored) reads as a log without headers.
-
-Every record is parsed under bounds: a line of at most :data:`MAX_LINE_BYTES`,
-nesting that does not exhaust the stack, numbers that fit a float64 and
-format specs that pass :func:`~metricsync._formatting.check_fmt`. Anything
-else is a ``ValueError`` saying what was expected.
+``metrics.jsonl`` holds header records (key formats; a *complete* one every few MiB) and one
+step record per logged step, strict JSON with non-finite values as strings; verl's file-logger
+log reads as one without headers. Parsing is bounded.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"

@@ -1,19 +1,7 @@
 """Following a log by its name as it grows, as ``tail -F`` does: what ``show --follow`` reads.
 
-Each :meth:`LogFollower.poll` returns the records completed since the last one:
-
-- lines appended to the file (a line still being written waits for its ``\\n``);
-- the file moved away or deleted and a new one started at the same path (a
-  log rotation, a new run): the rest of the old file, then the new file from
-  its start;
-- the file truncated in place, or rewritten (truncated and grown again
-  between two polls: its first bytes, or the byte before the followed
-  offset, are not what they were): the file again from its start;
-- a line that is not a valid record (what a writer that rewrote the file
-  leaves at the followed offset): skipped, with a note; never an error;
-- no file at the path: nothing, until one appears.
-
-Each of these events is reported once, as a note for the caller to print.
+:meth:`LogFollower.poll` returns the records completed since the last poll and handles
+rotation, truncation, rewrites, torn lines and a missing file, each reported once as a note.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"

@@ -1,23 +1,8 @@
 """Metric keys as logs hold them: valid UTF-8 and at most :data:`MAX_KEY_CHARS` characters.
 
-Where keys are written (``Tracker.log``, for every backend) each key goes
-through :func:`clean_key`, which gives distinct keys distinct names:
-
-- a key holding a lone surrogate (``"\\ud800"``, which no UTF-8 file,
-  terminal or font can hold) is escaped: each surrogate becomes its six
-  characters ``\\ud800`` and each backslash becomes two (``\\\\``);
-- a key holding that text already (a backslash, ``ud``, then ``8``-``f``
-  and two lowercase hex digits) is escaped the same way, its backslashes
-  doubled, so it never takes the name of a surrogate key;
-- a key longer than :data:`MAX_KEY_CHARS` (after escaping) keeps its first
-  characters and ends in ``_`` and 8 hex digits of a hash of the whole key
-  (so two long keys that share their start stay apart, up to a 32-bit
-  hash), :data:`MAX_KEY_CHARS` characters in all.
-
-Every other key is kept as it is. Where logs are read (``show``, ``plot``,
-``compare``), :func:`read_key` keeps every key a log can hold as it is (so a
-log the Tracker wrote reads back with the names it wrote) and cleans the
-others (a log written by verl or an older metricsync) with :func:`clean_key`.
+:func:`clean_key` (on write) escapes lone surrogates and text that looks like their escape,
+and shortens long keys with a hash suffix, so distinct keys stay distinct; :func:`read_key`
+(on read) keeps what a log can hold and cleans the rest.
 
 >>> clean_key("loss"), clean_key("a\\ud800"), clean_key("a\\\\ud800")
 ('loss', 'a\\\\ud800', 'a\\\\\\\\ud800')

@@ -1,18 +1,8 @@
 """Streaming readers of the JSONL log: forward, from the end, and what a resuming writer needs.
 
-A log is read with bounded memory: line by line forward, or block by block
-from the end. What ``show`` and ``plot`` display is the log's *timeline*:
-
-- a step logged again at the same step (verl logs validation and training
-  metrics in two calls) merges into it, a later value winning per key;
-- a step lower than an earlier one (a run resumed from an older checkpoint)
-  supersedes every logged step after it, as TensorBoard's purge does, so the
-  timeline's steps only ever increase.
-
-Seen from the end, a record belongs to the timeline exactly when no later
-record has a lower step, so ``show --last N`` reads about N records (plus the
-way back to the nearest complete header for the formats), whatever the size
-of the file.
+Memory is bounded. The *timeline* shown merges a step logged twice (later values win) and
+lets a lower step supersede every later one (a resumed run), so ``show --last N`` reads about
+N records whatever the file's size.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"

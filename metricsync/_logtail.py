@@ -1,9 +1,5 @@
-"""Reading the JSONL log from its end: the last steps, and where a resuming writer goes on.
-
-``show --last N`` reads about N records from the end (plus the way back to the
-nearest complete header for the formats), whatever the size of the file; a
-resuming writer reads only the end too (see :mod:`metricsync._logread` for the
-timeline rules).
+"""Reading the JSONL log from its end: the last steps, and where a resuming writer goes on
+(timeline rules: :mod:`metricsync._logread`).
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"

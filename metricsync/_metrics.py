@@ -1,11 +1,8 @@
 """The :class:`Metrics` container: a façade over spec rules, the state table and pending samples.
 
-Python numbers go to a per-name buffer (the hot path is a dict lookup and an
-``array.append``); arrays and CPU tensors to host chunks; accelerator tensors
-to a pending buffer on their device. Everything folds, vectorized, into the
-state table (:mod:`metricsync._table`) when buffers fill; ``compute``,
-``merge``, ``copy``, ``sync`` and ``to_bytes`` read a snapshot of it without
-changing anything (:mod:`metricsync._store`).
+Records go to per-name buffers (a Python number is a dict lookup and an append) and fold into
+the state table when buffers fill; ``compute``, ``merge``, ``copy``, ``sync`` and ``to_bytes``
+read a snapshot without changing anything (:mod:`metricsync._store`).
 
 >>> import metricsync as ms
 >>> m = ms.Metrics({"loss": ms.Spec("mean"), "tokens": ms.Spec("sum", fmt=",.0f")})

@@ -1,12 +1,7 @@
 """What code asks of a device, counted without one: ops dispatched and blocking uploads.
 
-:func:`count_device_ops` counts the aten ops dispatched on one device's
-tensors (each a kernel launch on a GPU). :func:`count_blocking_uploads`
-counts the calls that hand host data to a device in a way that makes the
-host wait for it: on CUDA each is a copy from pageable memory followed by a
-stream synchronization, which ``torch.cuda.set_sync_debug_mode("error")``
-rejects. Both run on the ``meta`` device, which holds no data, so a block
-that completes there also provably never read the device back.
+:func:`count_device_ops` counts aten ops on one device's tensors; :func:`count_blocking_uploads`
+counts synchronous host-to-device copies. Re-exported by :mod:`metricsync.testing`.
 
 >>> import torch
 >>> x = torch.zeros(10, 5, device="meta")

@@ -1,32 +1,10 @@
-"""Host samples waiting to be folded into the state table, and the vectorized fold.
+"""Host samples waiting to be folded into the state table.
 
-Python numbers go to a per-name ``array('d')`` (weighted ones to another,
-value and weight side by side, appended in one call): the hot path of
-``record`` is a dict lookup and an append, without a lock; a list of numbers
-extends it. Small arrays, CPU tensors and the kept
-samples of masked ones are listed under their name (a copy each; the kept
-samples are one already), so that a name's samples fold as one run. Those of
-a ``last`` metric (whose buffer keeps the time of its latest number), a
-``nan="error"`` one or weighted ones are copied into one preallocated float64
-buffer, their slot, length and time into flat arrays. :mod:`metricsync._runs`
-reads everything out as one batch. A fold turns every pending sample into
-state columns at once: runs ordered by (slot, time), one ``reduceat`` per
-needed column, runs of a slot merged with the merge algebra, and sketch cells
-counted over the touched cells only, never a full sketch per record
-(:func:`metricsync._fold.fold`).
-
-Threads: a name keeps one number buffer (one pair) from its first record
-until its spec changes; nothing here ever replaces it. Recording threads
-append to it without a lock; everything else runs under the store's lock. A
-read copies the buffers and knows how many numbers it copied of each
-(:func:`metricsync._runs.copy_numbers`: one ``join`` that holds the GIL, or
-one ``tobytes`` call per buffer, which never exports its memory, where no GIL
-runs), and a consuming fold deletes exactly those (``del buf[:n]``, one call):
-a number appended between the two lies past them and stays for the next
-fold. So no sample of a ``record`` that returned is lost or read twice,
-whatever the threads hold, on the one condition that each call on a buffer
-(``append``, ``extend``, ``tobytes``, a slice deletion) is atomic, as the
-GIL makes them (and the per-object locks of free-threaded CPython 3.14).
+Python numbers append to a per-name ``array('d')`` without a lock (the hot path), weighted
+ones as value-weight pairs in one call; small arrays and masked samples are listed per name,
+so a name folds as one run; :mod:`metricsync._runs` reads everything out as one batch. A fold
+copies the buffers and deletes exactly what it copied, so a late append stays for the next
+fold (ARCHITECTURE.md, "Threads").
 
 >>> from metricsync._fold import fold
 >>> from metricsync._spec import Spec

@@ -1,23 +1,8 @@
 """Where a table's slots sit in an agreed layout, worked out from the last placement.
 
-A sync packs a rank's table into the agreed layout (:mod:`metricsync._layout`):
-for each layout position, the table's slot holding that name (or none), and
-whether it holds it with the layout's spec. Placing a table means a dict
-lookup per layout name, so placements are cached per (table names, layout),
-and a miss starts, where it can, from a cached placement:
-
-- of the same table in the layout this one grew from (:meth:`Layout.extended`):
-  only the inserted names are looked up;
-- of a table whose names and specs this table's begin with, in the same layout
-  (a table only ever appends slots): only the appended names are looked up.
-
-A table with the same names and specs as another, made in the same order (a
-``Metrics`` made anew each step), has its token (``_tokens.slot_token``), so it
-finds that table's placement under its own key.
-
-Added names are looked up one by one in Python, every name of a fresh
-placement in C loops, so a shortcut is taken only while the added names are
-fewer than half the layout's (:func:`shortcut`).
+Per layout position: the table's slot and whether it holds the layout's spec. Placements are
+cached per (table token, layout); a miss starts from the placement the layout grew from, or of
+a table this one extends, and looks up only the added names.
 
 >>> from metricsync._spec import Spec
 >>> from metricsync._table import StateTable

@@ -1,15 +1,6 @@
 """What ``metricsync plot`` draws, before any drawing: series, panels, smoothing, downsampling.
 
-numpy only (matplotlib lives in :mod:`metricsync._plot_draw`).
-
-- :func:`load_run` reads a log's timeline into one ``(steps, values)`` pair
-  of float64 arrays per metric, in step order, each step once.
-- :func:`make_panels` puts a metric's statistics family (``x/mean``,
-  ``x/min``, ``x/max``, ``x/p50``, ``x/p99``...) in one panel and groups
-  panels by prefix (``actor/``, ``critic/``, ...).
-- :func:`ema` is TensorBoard's debiased exponential moving average;
-  :func:`envelope` keeps each bin's first, last, lowest and highest points,
-  so a 100k-step curve draws from a few thousand points with every spike.
+numpy only; matplotlib lives in :mod:`metricsync._plot_draw`.
 
 >>> make_panels(["loss", "len/mean", "len/max", "len/p99", "actor/lr"])
 [Panel('', 'loss', {'': 'loss'}), Panel('len', 'len', {'mean': 'len/mean', 'max': 'len/max', 'p99': 'len/p99'}), Panel('actor', 'lr', {'': 'actor/lr'})]

@@ -1,14 +1,7 @@
 """Drawing ``metricsync plot``'s figure with matplotlib (an explicit Agg canvas, no pyplot).
 
-One small panel per metric or statistics family, grouped by prefix under a
-heading per group; several runs share each panel in distinct colors with one
-legend for the figure. A family panel draws the min-max range as a band and
-every other statistic as a line of its own style and marker
-(:mod:`metricsync._plot_styles`), with a legend of the styles. With smoothing
-the raw curve stays, faint, behind the smoothed one. Axes turn logarithmic
-on request, or by themselves for positive curves spanning over 3 decades.
-NaN, infinities and values beyond :data:`DRAW_LIMIT` are not drawn: red ticks
-at the panel's foot mark their steps, and its title counts them.
+One small panel per metric or statistics family, grouped by prefix; runs differ by color,
+statistics by line style and marker (:mod:`metricsync._plot_styles`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """How ``metricsync plot`` tells the statistics of one panel apart: a line style and a marker each.
 
-A panel's color says which run a curve belongs to, so the statistics of one
-metric differ by line style and marker, the same in every run, and the
-panel's legend shows each one in gray, as drawn (a band alone is named too).
-mean, last, min and max look the same in every panel; quantiles take their
-styles in order of q among the panel's own:
-
-=========  ==================  =============================================
-statistic  line                marker
-=========  ==================  =============================================
-mean       solid               none
-last       solid               circles
-min, max   dotted              down / up triangles (a band when both are there)
-pNN        dashed, dash-dot    none, then squares, diamonds, ... past 2 quantiles
-others     dotted, then solid  pluses, crosses, ... (``std``, ``sum``, ``count``)
-=========  ==================  =============================================
-
-Within a panel no two statistics share both their line style and their marker.
-A curve of at most 50 points whose style has no marker is drawn with a dot on
-each point, and so is its legend entry.
+The same style per statistic in every panel and run (color says the run): mean solid, last
+solid with circles, min and max dotted with triangles (a band when both), quantiles dashed
+then dash-dot with squares, diamonds...; within a panel no two statistics share both line
+style and marker, and the legend shows each as drawn.
 
 >>> styles = stat_styles(["mean", "max", "p99", "p50"])
 >>> [(s, styles[s].linestyle, styles[s].marker) for s in ("mean", "max", "p50", "p99")]

@@ -1,9 +1,7 @@
 """Curves of JSONL metric logs: ``metricsync plot RUN [RUN ...] -o OUT.png``.
 
-matplotlib is imported only when drawing, through an explicit Agg canvas (no
-``pyplot``, no global backend switch), so it works headless and does not
-disturb an interactive session. Data handling is in
-:mod:`metricsync._plot_data`, drawing in :mod:`metricsync._plot_draw`.
+matplotlib is imported only when drawing, on an explicit Agg canvas (headless, no global
+backend switch).
 
 >>> import tempfile, pathlib
 >>> from metricsync._tracker import Tracker

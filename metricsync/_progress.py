@@ -1,8 +1,5 @@
-"""A progress bar on stderr, only when stderr is a terminal.
-
-tqdm draws it when installed (``pip install "metricsync[progress]"``);
-without tqdm a plain ``[#####.....] 50%`` line takes its place. When stderr
-is not a terminal (a pipe, a file, a test) nothing is drawn at all.
+"""A progress bar on stderr, only when stderr is a terminal: tqdm when installed, else a
+plain ``[#####.....] 50%`` line.
 
 >>> import io
 >>> with Progress(100, "reading", stream=io.StringIO()) as bar:

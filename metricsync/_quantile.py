@@ -1,8 +1,7 @@
 """Quantiles and cell windows from sketch cells (see :mod:`metricsync._sketch`).
 
-:func:`query` answers quantiles of many sketches at once, by numpy's linear
-definition or nearest rank; :func:`window` gives the cells samples in a value
-range can occupy, which a sync sends instead of a whole sketch.
+:func:`query` answers quantiles of many sketches at once (numpy's linear definition or nearest
+rank); :func:`window` gives the cells a value range touches.
 
 >>> import numpy as np
 >>> from metricsync._sketch import ingest_numpy, sketch_layout

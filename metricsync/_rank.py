@@ -1,11 +1,5 @@
-"""Which rank this process is, from torch.distributed or the launcher's environment.
-
-The rule is the one launchers and trainers share: an explicit rank wins, then
-an initialized default process group, then the global-rank variables in
-order (``RANK`` from torchrun and most launchers, ``SLURM_PROCID`` from
-``srun``, ``JSM_NAMESPACE_RANK`` from IBM's ``jsrun``). Without any of
-them, ``LOCAL_RANK`` decides: a process whose local rank is not 0 is not
-rank 0 either, so it does not write as if it were. Nothing set: rank 0.
+"""Which rank this process is: an explicit rank, then an initialized default process group,
+then the launcher's global-rank variables, then 0.
 
 >>> detect_rank(environ={"SLURM_PROCID": "5", "LOCAL_RANK": "1"})
 5

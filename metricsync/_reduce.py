@@ -1,16 +1,8 @@
 """Packing a rank's state into an agreed layout, and merging every rank's packed state.
 
-One rank's state travels as one float64 vector: a header (protocol, sync
-number, layout fingerprint, flags), then for each state column the values of
-the layout positions that carry it (:attr:`Layout.carried`), then each
-``across`` metric's aggregate, its own result folded in as its first rank.
-After an ``all_gather`` every rank unpacks every rank's vector and merges them
-in rank order with the one merge algebra (:mod:`metricsync._algebra`), so a
-sync computes exactly what ``merge`` computes, ``last``, ranks and ``first``
-included. An ``argrank`` metric's extremes travel with the rank (in ``group``)
-that holds them: :func:`pack` labels every sample of this rank with its rank,
-replacing the ranks of an earlier sync, so a result's ranks count in one group. Sketches follow in a second gather, limited to the cells between
-the global minimum and maximum every rank now knows.
+One float64 vector per rank: a header (protocol, sync number, layout fingerprint, flags), then
+the carried columns in layout order, sketch cells, ``across`` rows; every rank merges every
+rank's vector with the merge algebra.
 
 >>> from metricsync._algebra import identity
 >>> from metricsync._layout import Layout

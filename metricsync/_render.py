@@ -1,8 +1,5 @@
-"""Text output of the log tools: tables that fit a width, CSV and JSON.
-
-A table is right-aligned columns under a header and a rule. When it is wider
-than the terminal, its columns wrap into blocks, each repeating the first
-(step or key) column:
+"""Text output of the log tools: tables that fit a width (wrapped into blocks that repeat the
+first column), CSV and JSON.
 
 >>> print(render_table([(1, {"a": 0.5, "b": 2.0})], ["a", "b"], {}, width=10))
 step    a

@@ -1,26 +1,9 @@
 """A checkpoint that resumes exactly: the table as folded so far, and the samples still
 pending, laid out as they are held.
 
-``state_dict()`` carries this beside the folded state (``"data"``, what
-``to_bytes()`` gives and what earlier versions read), so that a ``Metrics``
-restored from it folds the pending samples, and every later record, at the same
-points and in the same runs as the one that wrote it: its results stay bit for bit
-those of an uninterrupted run. Layout, all little-endian::
-
-    magic "MSYR" | u16 version | u16 flags (0) | u64 table length | u32 header length
-    | u64 body length | table (a metricsync blob, see metricsync._codec) | header | body
-    | u32 CRC-32 of everything before it
-
-The header is UTF-8 JSON of integers: ``numbers`` ``[[slot, n, stamped]]`` (a name's
-number buffer), ``pairs`` ``[[slot, n]]`` (weighted numbers), ``retired``
-``[[slot, n, weighted, stamped]]``, ``arrays`` ``[[slot, [n, ...]]]``, ``chunk``
-``[[slot, n, weighted]]``, ``rows`` ``[slot, ...]`` and ``cells`` ``[[slot, k]]``. The body
-holds their float64 values in that order: each entry's values, then its weights, then
-its time (where it has them); a row's state column and time; a cell entry's cell
-indices, then its counts. Every length is checked against the bytes present before
-anything is allocated, and what is held must be what recording can hold (a buffer only
-where the metric's spec takes one, non-negative finite weights, sketch cells within the
-sketch, counts ``>= 0``); anything else raises :class:`~metricsync.CodecError`.
+``state_dict()`` carries it so a restored ``Metrics`` folds at the same points as an
+uninterrupted one, bit for bit. Versioned, checked binary (``MSYR``, CRC-32); anything that
+recording cannot hold raises :class:`~metricsync.CodecError`.
 
 >>> import metricsync as ms
 >>> m = ms.Metrics(); m.record("x", 0.1); m.record("x", [0.2, 0.3], weight=[1, 2])

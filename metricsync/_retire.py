@@ -1,16 +1,8 @@
 """Bounded layouts: a name no rank has held for :data:`RETIRE_AFTER` syncs leaves the layout.
 
-Every rank learns from each sync which layout positions some rank holds: on
-the gather path from the held bits of every rank's header, on the reduce path
-(:mod:`metricsync._allreduce`) from the held counts its sum round carries
-(every position, when the flags say some rank holds them all). So every rank keeps the same
-record of the last sync at which each name was held, and drops the same names
-after the same sync: the smaller layout is agreed with no collective of its
-own, and its fingerprint (:meth:`Layout.without`) checks that at the next
-sync. Names that change every step (``req/{i}``) so stay a bounded number, and
-a steady sync keeps its size. A name that comes back later is new again: the
-sync that brings it back exchanges it (two collectives, as for any new name)
-and agrees its sketch window anew.
+Every rank learns from each sync which positions some rank holds (header bits, or the reduce
+path's counts), so all ranks retire the same names after the same sync, with no extra
+collective.
 
 >>> from metricsync._spec import Spec
 >>> state = GroupState()

@@ -1,9 +1,7 @@
 """Spec rules: which spec a metric name gets.
 
-A :class:`SpecTable` maps names to specs by exact name first, then by the
-longest matching glob, then the default ``Spec()``. Copies share their rules
-until one side adds one (copy-on-write), so every ``Metrics`` snapshot can
-carry its rules for free.
+A :class:`SpecTable` maps a name to a spec by exact name, then the longest matching glob, then
+``Spec()``; the glob index is shared by tables with the same rules.
 
 >>> table = SpecTable({"timing/*": Spec("max")})
 >>> table.resolve("timing/step"), table.explicit("loss")

@@ -1,11 +1,7 @@
 """Buffered samples read out as one :class:`~metricsync._fold.Batch`.
 
-:mod:`metricsync._pending` keeps a ``Metrics``' pending host samples; a fold
-(or an async sync's worker) reads them out through the types here: number
-buffers as :class:`Runs` (their bytes, copied in one call each, with slot,
-count and time), array samples as a :class:`Chunk` of one float64 buffer,
-and records reduced on arrival as :class:`Rows`. :func:`to_batch` joins them
-into the flat arrays the fold takes, with no Python object per sample.
+The types through which a fold (or an async sync's worker) reads what
+:mod:`metricsync._pending` holds: number buffers, listed arrays, the copy buffer.
 
 >>> from array import array
 >>> runs = Runs()

@@ -1,10 +1,7 @@
 """``metricsync show`` and ``metricsync compare``: logged steps as tables, CSV or JSON.
 
-``show --last N`` reads from the end of the file (the cost depends on N, not
-on the file's size); ``show`` of the whole log streams it, one page of steps
-in memory at a time; ``--follow`` then waits for new steps. Steps are those of
-the log's timeline (see :mod:`metricsync._logread`): a step logged again
-after a resume shows its later values.
+``show --last N`` reads from the end (its cost depends on N, not the file), a whole log streams
+page by page, ``--follow`` tails the log by name.
 
 >>> import tempfile, pathlib
 >>> from metricsync._tracker import Tracker

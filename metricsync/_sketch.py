@@ -1,33 +1,9 @@
 """A fixed-size, mergeable quantile sketch (the DDSketch idea) as pure functions.
 
-A sketch is a plain float64 vector of ``layout.n_cells`` cells. Two sketches
-merge by elementwise addition, so the sketches of many metrics can travel in
-one SUM all-reduce. A sample ``x`` with weight ``w`` adds ``w`` to one cell:
-
-- finite nonzero ``x`` goes to the log bucket ``i = ceil(log_gamma |x|)`` of its
-  sign, with ``gamma = (1 + a) / (1 - a)`` for relative accuracy ``a``; bucket
-  ``i`` holds magnitudes in ``(gamma**(i-1), gamma**i]`` and answers with
-  ``2 * gamma**i / (gamma + 1)``, which is within ``a`` of every value in it;
-- exact zeros (either sign) go to the zero cell, ``+inf``/``-inf`` and NaN to
-  their own cells.
-
-Covered magnitudes: ``[MIN_MAGNITUDE, MAX_MAGNITUDE] = [1e-16, 1e19]`` for every
-accuracy, which at ``a = 0.01`` takes 4031 buckets per sign (8067 cells,
-63 KiB). A finite nonzero magnitude outside the buckets is clamped into the
-extreme bucket of its sign, and its weight is also added to the clamped cell
-that :func:`clamped_count` reports. Accuracies finer than about 0.00985 do not
-fit in 64 KiB and raise ``ValueError``.
-
-Cell order (``B = layout.n_buckets``), ascending by value up to ``+inf`` so that a
-cumulative sum over cells ``[0, nan_cell)`` is the weighted CDF::
-
-    0            -inf
-    1 .. B       negative buckets, largest magnitude first
-    B + 1        exact zeros                          (layout.zero_cell)
-    B + 2 .. 2B+1  positive buckets, smallest magnitude first
-    2B + 2       +inf                                 (layout.pos_inf_cell)
-    2B + 3       NaN                                  (layout.nan_cell)
-    2B + 4       clamped weight (a side counter)      (layout.clamped_cell)
+A sketch is a float64 vector of cells that merges by addition (one SUM all-reduce for many
+metrics); a sample adds its weight to its log bucket (relative accuracy ``a``), zeros,
+infinities and NaN to their own cells, out-of-range magnitudes to the extreme bucket and a
+clamped counter.
 
 >>> import numpy as np
 >>> layout = sketch_layout(0.01)

@@ -1,8 +1,7 @@
 """Metric specs: which statistics a name reports, how ranks combine, how values print.
 
-A :class:`Spec` is an immutable, hashable value; equal specs can share one
-instance (:func:`canonical`). Which spec a name gets is
-:mod:`metricsync._rules`' business.
+A :class:`Spec` is an immutable, hashable value; equal specs can share one instance
+(:func:`canonical`); which spec a name gets is :mod:`metricsync._rules`.
 
 >>> import metricsync as ms
 >>> ms.Spec("max") == ms.Spec(("max",))

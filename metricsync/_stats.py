@@ -1,11 +1,7 @@
 """From state columns to numbers: the ``compute()`` dict, vectorized over metrics.
 
-A :class:`Plan` lists every output key of a set of (name, spec) pairs with
-the slot and statistic behind it; it is built once per layout. :func:`compute`
-then evaluates each plain statistic as one vector over the metrics asking for
-it, every quantile of every sketch in one query, and picks the keys of metrics that hold
-samples with one fancy index: no Python loop per metric (``across`` metrics,
-usually few, are combined one by one).
+A :class:`Plan` lists every output key with its slot and statistic, built once per layout;
+:func:`compute` evaluates it over a table.
 
 >>> import numpy as np
 >>> from metricsync import _algebra as al

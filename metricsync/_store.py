@@ -1,16 +1,9 @@
 """What a ``Metrics`` holds: spec rules, the state table, pending host samples, device states.
 
-:class:`Store` checks and applies records, folds pending samples into the table when
-their buffers fill (so fold points depend on the records alone), and gives a read-only
-*snapshot* (table plus everything pending) to ``compute``, ``merge``, ``copy``, ``sync``
-and the binary format. Taking a snapshot changes nothing, so observing a ``Metrics``
-mid-step leaves every later result bit-for-bit as it would have been (``snapshot_later``
-splits it in two: what must happen at the call, and the fold, for an async sync's worker
-thread). The last fold is kept until something is recorded (:meth:`Store.folded`), so
-observing again folds nothing again. Every method takes the store's lock; a method
-that changes state is marked :func:`changing`, which takes it and counts the change.
-Only the Python-number fast path of ``Metrics.record`` (an append to a buffer of
-:mod:`metricsync._pending`) runs without it: it only lengthens a buffer.
+Checks and applies records, folds pending samples when their buffers fill (so fold points
+depend on the records alone) and gives read-only snapshots, kept until something changes:
+every state-changing method is marked :func:`changing` (the lock, and the one place the
+version moves); only the Python-number append of ``Metrics.record`` runs without the lock.
 
 >>> store = Store()
 >>> store.prepare("loss", [1.0, 3.0], None, None)()

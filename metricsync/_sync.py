@@ -1,47 +1,9 @@
 """Synchronizing metrics across ``torch.distributed`` ranks.
 
-A steady sync is **one** gather (see :mod:`metricsync._comm`): each rank sends a small header
-(protocol, sync number, fingerprint of the group's agreed layout, flags, and
-a tag naming the ``Metrics``: where it last synced on the group, see
-:func:`_owner_tag` and :mod:`metricsync._async`)
-and its state packed in that layout (:mod:`metricsync._reduce`); every rank merges
-every rank's state with the merge algebra, so the result is what ``merge``
-would give, identical on every rank. Quantile metrics send the sketch cells
-of the group's agreed window in the same gather; when some rank's samples fall
-outside it, the window grows to the global extremes and a second gather sends
-the cells again.
-
-When a rank holds a name the agreed layout lacks it says so in its header,
-with the size of its new entries encoded, and sends those entries (bytes, no
-pickle) in place of its state, which cannot be packed in that layout. When
-every rank's new entries fit in the room a state takes, that one gather
-carried them; else every rank sends them in a gather of bytes. The layout
-grows by them and the state gather runs again: two collectives (three when
-the entries did not fit), and the next sync is steady again. Names no rank
-has held for a number of syncs leave the layout on every rank after the same
-sync, with no collective of their own (:mod:`metricsync._retire`). A name with different specs on two ranks (or declared differently by
-a rule) raises :class:`~metricsync.SpecMismatchError` on every rank; invalid
-device data raises on every rank too.
-
-A large group takes the reduce path instead (:func:`_agree_and_reduce`,
-:mod:`metricsync._allreduce`, chosen by ``choose``): the same header words,
-tag included, in its first reduction, the same errors on every rank, and the
-same retirement of names, from the held counts its second reduction carries.
-
-Every ``Metrics`` synced on a group shares its layout. A small one synced in turn
-with a large one packs room for the large one's names, and must check each of
-those it lacks against its own rules: that answer is kept per rules and layout,
-so it is worked out once, not at every sync. A result holds only the names some
-rank holds (each rank's header says which layout names it holds), not those
-only another ``Metrics`` brought to the layout.
-
-``timeout`` bounds the whole call. A collective that fails or times out
-raises :class:`~metricsync.SyncError` and marks the group out of step (a peer
-may still be inside the collective this rank abandoned): later syncs on that
-group raise at once, naming the failure, and never enter a collective. The
-way back is a new process group. Errors that are not the backend's are
-raised as they are (the group is marked out of step all the same when a
-collective already ran).
+A steady sync is one gather of a header and the state packed in the group's agreed layout;
+every rank merges every rank's state, so the result equals ``merge``. New names grow the
+layout (two collectives), unheld ones retire, large groups take the reduce path, and a failed
+or timed-out collective raises ``SyncError`` and breaks the group.
 
 >>> import metricsync as ms
 >>> m = ms.Metrics(); m.record("loss", [1.0, 3.0])

@@ -1,12 +1,7 @@
 """The state table: names, specs and mergeable state of a set of metrics.
 
-A :class:`StateTable` holds, per slot (one metric): its name and spec, a
-column of float64 state (:mod:`metricsync._algebra`), a sketch for quantile
-metrics and an aggregate of finished ranks for ``across`` metrics. It is
-plain data with a small interface: get or create a slot, respec one, merge
-state in, absorb another table as one rank, copy, reset, compute. ``merge``,
-``sync``, the binary format, ``copy`` and ``compute`` of a ``Metrics`` all go
-through it.
+A :class:`StateTable` holds per slot a name, a spec, a state column, a sketch for quantile
+metrics and ``across`` aggregates; tables merge with the merge algebra.
 
 >>> from metricsync._spec import Spec
 >>> a, b = StateTable(), StateTable()

@@ -1,15 +1,8 @@
 """Timers: the elapsed seconds of a block (or of each call of a function) as a sample.
 
-On the host the clock is ``time.perf_counter``. For a CUDA device, two CUDA
-events bracket the block on that device's current stream; nothing reads them
-until the metrics are next computed, synced, merged or encoded (which copy to
-the host anyway): then each end event is waited for and the elapsed time read,
-so timing adds no host sync to the training step. A block that raises still
-records its time.
-
-Timers nest. One ``Timer`` may be entered again inside itself and from
-several threads (each thread keeps its own stack of starts); as a decorator
-it times every call, recursive ones included, and awaits coroutine functions.
+On the host ``time.perf_counter``; on a CUDA device two events on the current stream, read when
+the metrics are next observed, so timing adds no host sync. Timers nest, work across threads,
+and as decorators time every call (coroutines awaited).
 
 >>> import metricsync as ms
 >>> m = ms.Metrics()

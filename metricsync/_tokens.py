@@ -1,11 +1,7 @@
 """Tokens that stand for a sequence of changes, shared by everything that made the same ones.
 
-A state table's token stands for its names and specs, a rule table's for its
-rules: each change derives the next token from the last one and the change, and
-the same change to the same token gives the same object. So two tables built by
-the same changes from nothing share their token, and whatever is kept per token
-(an output plan, a placement in a layout, a merge's agreement) is worked out
-once for both.
+Each change derives the next token from the last, so tables or rule sets built by the same
+changes share caches without comparing their contents.
 
 >>> start = object()
 >>> derived(start, "a", 1) is derived(start, "a", 1), derived(start, "a", 1) is derived(start, "b")

@@ -1,16 +1,8 @@
 """The Tracker's background writer: logged steps written in the order they were logged.
 
-``Tracker.log(handle, step)`` queues the step here; a daemon thread waits for
-each queued item in turn (an async sync's handle, or values the training
-thread already computed) and hands it to the Tracker's write function, so
-steps reach the backends in the order of the ``log`` calls, which is step
-order in a training loop, whichever sync finishes first. While anything is
-queued, plain values are queued behind it for the same reason.
-
-What goes wrong in the thread is kept for the training thread: a failed sync
-(its exception, with the step) and a backend's failure (reported as a warning
-there), so nothing is raised or warned from a thread the user does not see.
-:meth:`StepWriter.wait_idle` is what ``flush()`` and ``close()`` wait on.
+A daemon thread waits for each queued step in turn (an async sync's handle, or computed values),
+so steps reach the backends in ``log`` order; a failed sync or backend is reported on the
+training thread, never raised from the writer's.
 
 >>> written = []
 >>> writer = StepWriter(lambda step, item: written.append((step, item)))
