@@ -3,10 +3,8 @@
 A :class:`Layout` is an agreed, name-sorted list of (name, spec) with a
 62-bit fingerprint and, per state column, the positions whose spec carries
 it. Each process group remembers the last agreed layout (a
-:class:`GroupState`, keyed by the group's name and ranks, never by ``id``,
-and tied to the group object by a weak reference: a group re-created under
-the same name, as ``init_process_group`` after ``destroy_process_group``
-does, starts afresh), so a steady sync packs straight into it. When a rank holds a name the layout
+:class:`GroupState`, in the group's entry of the registry of
+:mod:`metricsync._group`), so a steady sync packs straight into it. When a rank holds a name the layout
 lacks, ranks exchange only those new entries (:func:`encode_entries`, bytes
 in ``uint8`` tensors, no pickle) and extend the layout with them
 (:meth:`Layout.extended`): the new names are inserted into the sorted lists,
@@ -31,7 +29,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -51,7 +49,6 @@ __all__ = [
     "Window",
     "decode_entries",
     "encode_entries",
-    "group_state",
 ]
 
 _MASK62 = (1 << 62) - 1
@@ -281,17 +278,12 @@ class GroupState:
     windows: dict[tuple[str, Spec], Window] = field(default_factory=dict)
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
-    owner: Callable[[], Any] | None = None  # a weak reference to the group object
     # per position of ``layout`` (that of fingerprint ``held_for``): the last sync number
     # at which some rank held its name (see metricsync._retire)
     held_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     held_for: int = EMPTY.fingerprint
     # the sync number at which each Metrics (its store) last synced here, blocking
     synced: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary)
-
-    def belongs_to(self, group: Any) -> bool:
-        """Whether this state is ``group``'s (not a former group's of the same name)."""
-        return self.owner is None or self.owner() is group
 
 
 class Window(NamedTuple):
@@ -319,21 +311,3 @@ class Placement:
     fingerprint: int  # the layout's
     names: list[str]  # the table's names and specs (copies): a table only appends slots,
     specs: list[Spec]  # so a table they begin has this placement, and more (_placement)
-
-
-_GROUPS: dict[Hashable, GroupState] = {}
-_GROUPS_LOCK = threading.Lock()
-
-
-def group_state(key: Hashable, group: Any = None) -> GroupState:
-    """The state of the group ``key`` (created on first use, and anew for a new ``group``
-    object under a former one's key)."""
-    with _GROUPS_LOCK:
-        state = _GROUPS.get(key)
-        if state is None or (group is not None and not state.belongs_to(group)):
-            try:
-                owner: Callable[[], Any] | None = None if group is None else weakref.ref(group)
-            except TypeError:  # an object without weak references: the key alone
-                owner = None
-            state = _GROUPS[key] = GroupState(owner=owner)
-        return state
