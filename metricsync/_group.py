@@ -170,13 +170,22 @@ def _remembered(dist: Any, group: Any) -> GroupMemory:
         return _REGISTRY.setdefault(group, made)
 
 
+_CPU: Any = None  # torch.device("cpu"), made once
+
+
 def _device(backend: str) -> Any:
     """The device a group's collectives run on: the current CUDA device for NCCL."""
-    import torch
+    global _CPU
+    if "nccl" in backend:
+        import torch
 
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    if _CPU is None:
+        import torch
+
+        _CPU = torch.device("cpu")
+    return _CPU
 
 
 def alone() -> GroupContext:
