@@ -24,6 +24,7 @@ import argparse
 import os
 import time
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,18 @@ import numpy as np
 import metricsync as ms
 from metricsync._allreduce import ENV, Reduced, choose, received_bytes, wire_bytes
 from metricsync._layout import NO_WINDOW, Layout, Window
-from metricsync._reduce import merge_ranks, pack, pack_cells, pack_index, positions, sum_cells
+from metricsync._reduce import (
+    HEADER,
+    header,
+    merge_ranks,
+    pack,
+    pack_cells,
+    pack_index,
+    positions,
+    sum_cells,
+)
 from metricsync._table import StateTable
 from metricsync.testing import count_collectives, run_distributed
-
-HEADER_WORDS = 8
 
 
 def make_metrics(k: int, q: int, seed: int) -> ms.Metrics:
@@ -56,8 +64,9 @@ def _table(m: ms.Metrics) -> StateTable:
 class _Loopback:
     """A Comm stand-in: every collective hands its buffer back (one rank's CPU only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, world: int) -> None:
         self.log: list[tuple[str, int]] = []
+        self.ctx = SimpleNamespace(rank=0, world=world)  # what Reduced reads of the group
 
     def all_reduce(self, array: np.ndarray, op: Any, what: str) -> np.ndarray:
         self.log.append(("all_reduce", array.nbytes))
@@ -111,8 +120,10 @@ def _reduce_once(
     """One rank's reduce-path work: pack, round A, round B (the loopback reduces nothing)."""
     loop.log.clear()
     data = pack(table, layout, where, 0, index)
-    red = Reduced(loop, layout, 0, world)  # type: ignore[arg-type]
-    head = np.array([1, 2, layout.fingerprint, len(layout), 0, 0, 0, 0], dtype=np.int64)
+    red = Reduced(loop, layout)  # type: ignore[arg-type]
+    head = header(
+        magic=1, seq=2, layout=layout.fingerprint, size=len(layout), flags=0, clash=0, tag=0, blob=0
+    )
     red.round_a(head, data)
     red.round_b(data, table, where, windows, None, None)
 
@@ -122,14 +133,14 @@ def simulate(k: int, q: int, worlds: list[int], repeats: int) -> tuple[list[dict
     tables = [_table(make_metrics(k, q, seed)) for seed in range(8)]
     layout = Layout(zip(tables[0].names, tables[0].specs))
     windows = _windows(layout, tables)
-    g = HEADER_WORDS + layout.data_size + sum(w.hi - w.lo + 2 for w in windows)
+    g = HEADER + layout.data_size + sum(w.hi - w.lo + 2 for w in windows)
     rows = []
     table0 = tables[0]
     where = positions(table0, layout)
     index = pack_index(len(table0), layout, where)
     for world in worlds:
         packed = np.stack([_pack(tables[r % 8], layout, r, windows)[0] for r in range(world)])
-        loop = _Loopback()
+        loop = _Loopback(world)
         gather = partial(_gather_once, tables[0], layout, windows, packed)
         reduce = partial(_reduce_once, table0, layout, windows, where, index, loop, world)
         t_gather, t_reduce = _best(gather, repeats), _best(reduce, repeats)

@@ -24,7 +24,7 @@ from . import _algebra as al
 from ._across import ACOL
 from ._comm import Comm
 from ._layout import NO_WINDOW, Layout, Window
-from ._reduce import merge_ranks, pack_cells, sum_cells, widened
+from ._reduce import Word, merge_ranks, pack_cells, sum_cells, widened
 from ._spec import Spec
 from ._table import StateTable
 
@@ -47,7 +47,14 @@ ENV = "METRICSYNC_SYNC_PATH"
 SWITCH_BYTES = 64 * 1024
 NONE = np.iinfo(np.int64).min  #: a key below every float's: "no value from this rank"
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
-HEAD = 24  #: int64 words of round A's header (see :meth:`Reduced.round_a`)
+#: the header words round A checks every rank agrees on, each sent as ``x`` and ``-x``
+PAIRED = (Word.MAGIC, Word.SEQ, Word.LAYOUT, Word.TAG)
+_FLAG_BITS = 6  # one word per flag bit (metricsync._sync's flags)
+_A_FLAGS = 2 * len(PAIRED)  # where round A's header words go, after the pairs
+_A_CLASH = _A_FLAGS + _FLAG_BITS
+_A_BLOB = _A_CLASH + 1
+_A_TAGS = _A_BLOB + 1  # ranks 0..7's tags
+HEAD = _A_TAGS + 8  #: int64 words of round A's header (see :meth:`Reduced.round_a`)
 
 
 def key(x: np.ndarray) -> np.ndarray:
@@ -162,19 +169,25 @@ def unpack_counts(words: np.ndarray, world: int, n: int) -> np.ndarray:
 class Head(NamedTuple):
     """Round A's header, reduced: every rank's words agree where ``low == high``."""
 
-    high: np.ndarray  # magic, seq, fingerprint, tag: their maxima
+    high: np.ndarray  # the PAIRED words' maxima
     low: np.ndarray  # ... their minima
     flags: int  # the OR of every rank's flags
     clash: int  # the largest clash word
     blob: int  # the largest new-entries size
     tags: list[int]  # the tags of ranks 0..7 (those in the group)
 
+    def agree(self, *words: Word) -> bool:
+        """Whether every rank sent the same value of each of ``words`` (of PAIRED)."""
+        at = [PAIRED.index(w) for w in words]
+        return bool((self.high[at] == self.low[at]).all())
+
 
 class Reduced:
     """One rank's side of a reduce-path sync in a layout (see the module docstring)."""
 
-    def __init__(self, comm: Comm, layout: Layout, rank: int, world: int) -> None:
-        self.comm, self.layout, self.rank, self.world = comm, layout, rank, world
+    def __init__(self, comm: Comm, layout: Layout) -> None:
+        self.comm, self.layout = comm, layout
+        self.rank, self.world = comm.ctx.rank, comm.ctx.world
         packed = layout.packed
         span = packed.span
         self.carried = packed.size
@@ -183,30 +196,32 @@ class Reduced:
         self.a: np.ndarray | None = None
 
     def round_a(self, head: np.ndarray, data: np.ndarray | None) -> Head:
-        """The MAX round: ``head`` (the gather path's eight header words) and, where this
+        """The MAX round: ``head`` (the gather path's header, :class:`Word`) and, where this
         rank could pack its state, ``data`` (:func:`metricsync._reduce.pack`)."""
-        magic, seq, fp, _, flags, clash, tag, blob = head.tolist()
-        words = np.full(HEAD, -1, dtype=np.int64)
-        words[:8] = [magic, -magic, seq, -seq, fp, -fp, tag, -tag]
-        words[8:14] = [(flags >> b) & 1 for b in range(6)]
-        words[14:16] = [clash, blob]
-        words[16:] = NONE  # ranks 0..7's tags (a blocking sync's is negative)
+        h = head.tolist()
+        words = np.empty(HEAD, dtype=np.int64)
+        words[:_A_FLAGS:2] = [h[w] for w in PAIRED]
+        words[1:_A_FLAGS:2] = [-h[w] for w in PAIRED]
+        flags = h[Word.FLAGS]
+        words[_A_FLAGS:_A_CLASH] = [(flags >> b) & 1 for b in range(_FLAG_BITS)]
+        words[_A_CLASH], words[_A_BLOB] = h[Word.CLASH], h[Word.BLOB]
+        words[_A_TAGS:] = NONE  # ranks 0..7's tags (a blocking sync's is negative)
         if self.rank < 8:
-            words[16 + self.rank] = tag
+            words[_A_TAGS + self.rank] = h[Word.TAG]
         if data is None:
             body = np.full(self._a_size(), NONE, dtype=np.int64)
         else:
             body = np.concatenate(self._a_body(data))
         out = self.comm.all_reduce(np.concatenate([words, body]), _op("MAX"), "the max reduce")
         self.a = out[HEAD:]
-        bits = out[8:14].tolist()
+        bits = out[_A_FLAGS:_A_CLASH].tolist()
         return Head(
-            out[[0, 2, 4, 6]],
-            -out[[1, 3, 5, 7]],
+            out[:_A_FLAGS:2],
+            -out[1:_A_FLAGS:2],
             sum(1 << b for b, on in enumerate(bits) if on > 0),
-            int(out[14]),
-            int(out[15]),
-            out[16 : 16 + min(self.world, 8)].tolist(),
+            int(out[_A_CLASH]),
+            int(out[_A_BLOB]),
+            out[_A_TAGS : _A_TAGS + min(self.world, 8)].tolist(),
         )
 
     def _a_size(self) -> int:

@@ -18,16 +18,15 @@ import os
 import queue
 import threading
 import time
-import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from ._errors import SyncError, with_device_error
-from ._group import check_timeout, resolve_group, sync_target
+from ._group import GroupContext, GroupMemory, check_timeout, resolve, sync_target
 from ._rules import SpecTable
 from ._store import Store
-from ._sync import sync_table
+from ._sync import sync_in, sync_table
 from ._table import StateTable
 
 __all__ = [
@@ -105,12 +104,7 @@ def done_handle(result: Any = None, error: BaseException | None = None) -> SyncH
 
 # ---------------------------------------------------------------- bookkeeping groups
 
-_BOOKKEEPING: dict[Hashable, Any] = {}  # group key -> gloo group, or the SyncError creating it
-_LOCK = threading.Lock()
-
-
-def _key(dist: Any, group: Any) -> Hashable:
-    return (getattr(group, "group_name", None), tuple(dist.get_process_group_ranks(group)))
+_LOCK = threading.Lock()  # the worker, and the bookkeeping groups and counts of GroupMemory
 
 
 def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
@@ -138,39 +132,37 @@ def bookkeeping_group(group: Any = None, *, timeout: Any = None) -> Any:
     import torch.distributed as dist
 
     seconds = check_timeout(timeout)
-    group = resolve_group(dist, group)
-    key = _key(dist, group)
+    return _bookkeeping(resolve(dist, group), seconds)
+
+
+def _bookkeeping(ctx: GroupContext, seconds: float | None) -> Any:
+    """The bookkeeping group of ``ctx``'s group, kept in its memory (created on first use:
+    a group re-created after ``destroy_process_group`` is another group, with none yet)."""
+    memory = ctx.memory
     with _LOCK:
-        made = _BOOKKEEPING.get(key)
-        if made is not None and not isinstance(made, SyncError) and not _alive(dist, made):
-            made = None  # destroyed with the process groups: make a new one (after a new init)
-            del _BOOKKEEPING[key]
-            _NEXT.pop(key, None)
+        made = memory.bookkeeping
     if made is None:
-        made = _create(dist, group, seconds)
+        made = _create(ctx, seconds)
         with _LOCK:
-            made = _BOOKKEEPING.setdefault(key, made)
+            if memory.bookkeeping is None:
+                memory.bookkeeping = made
+            made = memory.bookkeeping
     if isinstance(made, SyncError):
         raise SyncError(f"metricsync: no bookkeeping group for async syncs: {made}")
     return made
 
 
-def _alive(dist: Any, group: Any) -> bool:
-    """Whether ``group`` is still registered (``destroy_process_group`` forgets every group)."""
-    try:
-        dist.get_process_group_ranks(group)
-    except Exception:
-        return False
-    return True
+def _whole(ctx: GroupContext) -> bool:
+    """Whether ``ctx``'s group spans every rank of the default group."""
+    return ctx.memory.ranks == tuple(range(ctx.dist.get_world_size()))
 
 
-def _create(dist: Any, group: Any, seconds: float | None) -> Any:
-    """A gloo group over ``group``'s ranks, or the ``SyncError`` that creating it gave."""
-    ranks = sorted(dist.get_process_group_ranks(group))
-    whole = ranks == list(range(dist.get_world_size()))
+def _create(ctx: GroupContext, seconds: float | None) -> Any:
+    """A gloo group over the ranks of ``ctx``'s group, or the ``SyncError`` creating it gave."""
+    whole = _whole(ctx)
     try:
-        return dist.new_group(
-            None if whole else ranks,
+        return ctx.dist.new_group(
+            None if whole else list(ctx.memory.ranks),
             timeout=None if seconds is None else timedelta(seconds=seconds),
             backend="gloo",
             use_local_synchronization=not whole,
@@ -241,12 +233,10 @@ def _close_at_exit() -> None:  # registered before the Tracker's, so it runs aft
         _worker.close(exit_time_left())
 
 
-def _forget_after_fork() -> None:  # threads do not survive a fork; process groups neither
-    global _worker
+def _forget_after_fork() -> None:  # threads do not survive a fork (process groups: _group)
+    global _worker, _LOCK
     _worker = None
-    _BOOKKEEPING.clear()
-    _NEXT.clear()
-    _LAST.clear()
+    _LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -255,31 +245,28 @@ if hasattr(os, "register_at_fork"):
 
 # ------------------------------------------------------------------------ ordering
 
-_NEXT: dict[Hashable, int] = {}  # group -> number of async syncs started on its bookkeeping group
-_LAST: weakref.WeakKeyDictionary[Store, dict[Hashable, int]] = weakref.WeakKeyDictionary()
 
-
-def _tag(store: Store, key: Hashable) -> int:
-    """The header tag of the next async sync of ``store`` on the group ``key`` (see the module)."""
+def _tag(store: Store, memory: GroupMemory) -> int:
+    """The header tag of the next async sync of ``store`` on the group of ``memory`` (see
+    the module)."""
     with _LOCK:
-        position = _NEXT.get(key, 0)
-        _NEXT[key] = position + 1
-        last = _LAST.setdefault(store, {})
-        previous = last.get(key, -1)
-        last[key] = position
+        position = memory.async_started
+        memory.async_started = position + 1
+        previous = memory.async_last.get(store, -1)
+        memory.async_last[store] = position
     return previous + 2  # 1: this Metrics' first async sync here; 0 is for blocking syncs
 
 
 def sync_async(store: Store, group: Any, timeout: Any, wrap: Callable[[Store], Any]) -> SyncHandle:
     """A handle for the merge over ``group`` of ``store`` as it is now (see the module)."""
     started = time.monotonic()
-    dist, group, seconds = sync_target(group, timeout)
-    if dist is None:
-        return done_handle(wrap(Store(store.rules.copy(), store.snapshot())))
+    ctx, seconds = sync_target(group, timeout)
+    if ctx.dist is None:  # no process group: one rank's sync, with no collective to wait for
+        return done_handle(sync_in(ctx, seconds, store, wrap))
     with store.lock:  # a device error is reported after the header gather, on every rank
         later, error = with_device_error(store.snapshot_later, lambda: _host_only(store))
         rules = store.rules.copy()
-    return submit(store, group, later, rules, error, seconds, wrap, started)
+    return submit(store, ctx, later, rules, error, seconds, wrap, started)
 
 
 def _host_only(store: Store) -> Callable[[], StateTable]:
@@ -290,7 +277,7 @@ def _host_only(store: Store) -> Callable[[], StateTable]:
 
 def submit(
     store: Store,
-    group: Any,
+    ctx: GroupContext,
     later: Callable[[], StateTable],
     rules: SpecTable,
     error: ValueError | None,
@@ -299,23 +286,17 @@ def submit(
     started: float,
 ) -> SyncHandle:
     """Queue the sync of the snapshot ``later()`` folds on the worker; a handle at once."""
-    import torch.distributed as dist
-
-    ranks = sorted(dist.get_process_group_ranks(group))
-    if ranks != list(range(dist.get_world_size())):
-        with _LOCK:
-            known = _key(dist, group) in _BOOKKEEPING
-        if not known:
-            raise RuntimeError(
-                "an async sync over a sub-group runs on a bookkeeping group that every member "
-                "creates once at set-up: call metricsync.bookkeeping_group(group) on each rank "
-                f"of the group {ranks} first"
-            )
+    if ctx.memory.bookkeeping is None and not _whole(ctx):
+        raise RuntimeError(
+            "an async sync over a sub-group runs on a bookkeeping group that every member "
+            "creates once at set-up: call metricsync.bookkeeping_group(group) on each rank "
+            f"of the group {list(ctx.memory.ranks)} first"
+        )
     try:
-        side = bookkeeping_group(group, timeout=timeout)
+        side = resolve(ctx.dist, _bookkeeping(ctx, timeout))  # the group the worker syncs on
     except SyncError as exc:
         return done_handle(error=exc)
-    tag = _tag(store, _key(dist, group))
+    tag = _tag(store, ctx.memory)
 
     lock = store.lock
 
@@ -324,9 +305,7 @@ def submit(
             pass
         table, problem = _finish(later, error)
         left = None if timeout is None else max(timeout - (time.monotonic() - started), 1e-3)
-        return wrap(
-            Store(rules, sync_table(dist, side, table, rules, problem, left, tag, poll=False))
-        )
+        return wrap(Store(rules, sync_table(side, table, rules, problem, left, tag, poll=False)))
 
     handle = SyncHandle()
     _running_worker().queue.put((handle, job))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import SyncError
-from ._layout import GroupState
+from ._group import GroupContext
 
 __all__ = ["EXCHANGE_MAX", "POLL_SECONDS", "Comm", "remaining"]
 
@@ -60,32 +60,20 @@ def poll(work: Any, seconds: float, pause: Any) -> bool:
 
 
 class Comm:
-    """Collectives of one sync on ``group``; see the module docstring."""
+    """Collectives of one sync on the group of ``ctx``; see the module docstring."""
 
-    def __init__(
-        self,
-        dist: Any,
-        group: Any,
-        deadline: float | None,
-        state: GroupState,
-        device: Any,
-        exchange: bool = False,
-        poll: bool = True,
-    ) -> None:
-        self.dist = dist
-        self.exchange = exchange  # gather by an all-to-all (see all_gather)
-        self.poll = poll and _YIELD is not None and device.type == "cpu"  # see _wait
-        self.group = group
+    def __init__(self, ctx: GroupContext, deadline: float | None, poll: bool = True) -> None:
+        self.ctx = ctx
+        self.exchange = ctx.backend == "gloo"  # gather by an all-to-all (see all_gather)
+        self.host = ctx.device is None or ctx.device.type == "cpu"  # None: no process group
+        self.poll = poll and _YIELD is not None and self.host  # see _wait
         self.deadline = deadline
-        self.state = state
-        self.device = device
-        self.host = device.type == "cpu"
         self.count = 0
         self.bytes_sent = 0
 
     def _fail(self, what: str, exc: BaseException | None) -> SyncError:
         reason = f"{what} did not complete" + (f": {exc}" if exc is not None else "")
-        self.state.broken = f"an earlier sync failed ({reason})"
+        self.ctx.state.broken = f"an earlier sync failed ({reason})"
         return SyncError(f"metricsync sync: {reason}")
 
     def _wait(self, work: Any, what: str) -> None:
@@ -109,7 +97,7 @@ class Comm:
             raise self._fail(what, TimeoutError("the sync's timeout ran out"))
         self.count += 1
         try:
-            return fn(*args, group=self.group, async_op=True)
+            return fn(*args, group=self.ctx.group, async_op=True)
         except Exception as exc:
             raise self._fail(what, exc) from exc
 
@@ -117,20 +105,21 @@ class Comm:
         import torch
 
         t = torch.from_numpy(array)
-        return t if self.host else t.to(self.device)
+        return t if self.host else t.to(self.ctx.device)
 
     def _array(self, tensor: Any) -> np.ndarray:
         result: np.ndarray = tensor.numpy() if self.host else tensor.cpu().numpy()
         return result
 
-    def all_gather(self, array: np.ndarray, world: int, what: str) -> np.ndarray:
+    def all_gather(self, array: np.ndarray, what: str) -> np.ndarray:
         """Every rank's ``array`` (equal shapes on every rank), stacked by rank; in a group
         of one rank, this one's, with no collective (gloo would still hand it to a thread
         and back, NCCL copy it to the device and back)."""
-        import torch
-
+        world, dist = self.ctx.world, self.ctx.dist
         if world == 1:
             return np.ascontiguousarray(array).reshape(1, *array.shape)
+        import torch
+
         mine = self._tensor(np.ascontiguousarray(array))
         out = torch.empty(world * mine.numel(), dtype=mine.dtype, device=mine.device)
         self.bytes_sent += array.nbytes
@@ -139,15 +128,13 @@ class Comm:
             # of it repeated), where gloo's all_gather passes the arrays around a ring in
             # world - 1 steps; each rank puts the same bytes on the wire, in less time.
             # Host arrays are repeated by numpy: a torch op costs more around the copy
-            spread = self.dist.all_to_all_single
+            spread = dist.all_to_all_single
             copies = (
                 self._tensor(np.concatenate([array] * world)) if self.host else mine.repeat(world)
             )
             self._wait(self._start(spread, what, out, copies), what)
         else:
-            gather = (
-                getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
-            )
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             self._wait(self._start(gather, what, out, mine), what)
         return self._array(out).reshape(world, *array.shape)
 
@@ -155,5 +142,5 @@ class Comm:
         """``array`` reduced with ``op`` over every rank (in place for host buffers)."""
         t = self._tensor(np.ascontiguousarray(array))
         self.bytes_sent += array.nbytes
-        self._wait(self._start(self.dist.all_reduce, what, t, op), what)
+        self._wait(self._start(self.ctx.dist.all_reduce, what, t, op), what)
         return self._array(t)

@@ -1,5 +1,20 @@
-"""Process groups as a sync sees them: the default group, a 1-D ``DeviceMesh``, the device
-collectives run on, the key a group's memory is kept under, and timeouts.
+"""Process groups as a sync sees them: one :class:`GroupContext` per sync, and the one
+registry of what each group remembers between syncs.
+
+A sync resolves its group once, at its top (:func:`sync_target`, :func:`resolve`):
+the default group for None, a 1-D ``DeviceMesh``'s group, this rank's facts, the
+device its collectives run on and the group's :class:`GroupMemory`; that one
+:class:`GroupContext` is passed down to the protocol and its collectives. Without an
+initialized process group a sync is one rank's (:func:`alone`): the same protocol in a
+group of this one rank, which runs no collective, so its result is what a sync over
+a group of one gives (names in name order, ``argrank`` ranks, ``across`` aggregates).
+
+**The registry's identity rule.** A group's memory is keyed by the process-group
+object itself, held weakly: the default group is the object ``dist.group.WORLD``
+names; a group re-created under a former one's name (``init_process_group`` after
+``destroy_process_group``) is another object and starts afresh; an entry leaves
+with its group, and a forked child starts with none (process groups do not survive
+a fork). An async sync's bookkeeping group is a group too, with an entry of its own.
 
 >>> check_timeout(2), check_timeout(None)
 (2.0, None)
@@ -8,17 +23,22 @@ collectives run on, the key a group's memory is kept under, and timeouts.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Hashable
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
 
+from ._layout import GroupState
+
 __all__ = [
+    "GroupContext",
+    "GroupMemory",
+    "alone",
     "check_timeout",
-    "GroupFacts",
-    "comm_device",
-    "group_facts",
-    "group_key",
     "initialized_dist",
+    "resolve",
     "resolve_group",
     "sync_target",
 ]
@@ -61,60 +81,124 @@ def resolve_group(dist: Any, group: Any) -> Any:
     return group
 
 
-def sync_target(group: Any, timeout: Any) -> tuple[Any, Any, float | None]:
-    """A sync's checked arguments ``(dist, group, seconds)``; ``dist`` is None without an
-    initialized process group (bad arguments fail with or without one)."""
-    seconds = check_timeout(timeout)
-    dist = initialized_dist()
-    if dist is None:
-        return None, group, seconds
-    group = resolve_group(dist, group)
-    group_facts(dist, group)  # raises for a group this rank is not a member of
-    return dist, group, seconds
+@dataclass(eq=False)
+class GroupMemory:
+    """What one process group remembers while it lives (the registry's entry)."""
+
+    rank: int  # this rank's, in the group
+    world: int
+    backend: str
+    ranks: tuple[int, ...]  # the group's global ranks, ascending
+    state: GroupState = field(default_factory=GroupState)  # the agreed layout and its syncs
+    bookkeeping: Any = None  # the gloo group of async syncs, or the SyncError creating it
+    async_started: int = 0  # async syncs started on the bookkeeping group
+    # per Metrics (its store): the position of its last async sync among those started
+    async_last: weakref.WeakKeyDictionary[Any, int] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
 
-class GroupFacts(NamedTuple):
-    """What a sync asks of a process group: none of it changes while the group lives."""
+class GroupContext(NamedTuple):
+    """A sync's process group, resolved once at the sync's top and passed down."""
 
+    dist: Any  # torch.distributed (None: no process group, see alone())
+    group: Any  # the process group
     rank: int
     world: int
-    key: Hashable  # the key a group's memory is kept under
     backend: str
+    device: Any  # where its collectives run: the current CUDA device for NCCL, else the CPU
+    # (None without a process group: no collective runs)
+    memory: GroupMemory
+
+    @property
+    def state(self) -> GroupState:
+        """The group's agreed layout and what its syncs keep."""
+        return self.memory.state
 
 
-_FACTS: dict[int, tuple[Any, Any, GroupFacts]] = {}  # id(group) -> (group, dist, facts)
+_REGISTRY: weakref.WeakKeyDictionary[Any, GroupMemory] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
 
 
-def group_facts(dist: Any, group: Any) -> GroupFacts:
-    """This rank's :class:`GroupFacts` of ``group`` (asked of ``dist`` once per group: an
-    entry holds its group, so no other object takes its id); ``ValueError`` if this rank
-    is not a member."""
-    hit = _FACTS.get(id(group))
-    if hit is not None and hit[0] is group and hit[1] is dist:
-        return hit[2]
+def _alone_memory() -> GroupMemory:
+    return GroupMemory(0, 1, "", (0,))
+
+
+_ALONE = _alone_memory()  # the memory of the syncs without a process group
+
+
+def _forget_after_fork() -> None:  # process groups do not survive a fork, nor a held lock
+    global _REGISTRY, _LOCK, _ALONE
+    _REGISTRY = weakref.WeakKeyDictionary()
+    _LOCK = threading.Lock()
+    _ALONE = _alone_memory()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def resolve(dist: Any, group: Any) -> GroupContext:
+    """The :class:`GroupContext` of ``group`` (None: the default group; a 1-D
+    ``DeviceMesh``: its group); ``ValueError`` if this rank is not a member."""
+    group = resolve_group(dist, group)
+    memory = _remembered(dist, group)
+    return GroupContext(
+        dist, group, memory.rank, memory.world, memory.backend, _device(memory.backend), memory
+    )
+
+
+def _remembered(dist: Any, group: Any) -> GroupMemory:
+    """``group``'s entry in the registry (its facts asked of ``dist`` once)."""
+    try:
+        with _LOCK:
+            memory = _REGISTRY.get(group)
+    except TypeError:  # no weak reference to it: not a process group
+        raise TypeError(f"metricsync sync: {group!r} is not a process group") from None
+    if memory is not None:
+        return memory
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("this rank is not a member of the given process group")
-    facts = GroupFacts(
+    made = GroupMemory(
         rank,
         dist.get_world_size(group),
-        group_key(dist, group),
         str(dist.get_backend(group)).lower(),
+        tuple(sorted(dist.get_process_group_ranks(group))),
     )
-    while len(_FACTS) >= 64:
-        _FACTS.pop(next(iter(_FACTS)))
-    _FACTS[id(group)] = (group, dist, facts)
-    return facts
+    with _LOCK:
+        return _REGISTRY.setdefault(group, made)
 
 
-def group_key(dist: Any, group: Any) -> Hashable:
-    return (getattr(group, "group_name", None), tuple(dist.get_process_group_ranks(group)))
+_CPU: Any = None  # torch.device("cpu"), made once
 
 
-def comm_device(dist: Any, group: Any) -> Any:
+def _device(backend: str) -> Any:
     """The device a group's collectives run on: the current CUDA device for NCCL."""
-    import torch
+    global _CPU
+    if "nccl" in backend:
+        import torch
 
-    if "nccl" in group_facts(dist, group).backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    if _CPU is None:
+        import torch
+
+        _CPU = torch.device("cpu")
+    return _CPU
+
+
+def alone() -> GroupContext:
+    """The context of a sync without a process group: a group of this one rank, with a
+    memory of its own (as the default group has), whose syncs run no collective."""
+    return GroupContext(None, None, 0, 1, "", None, _ALONE)
+
+
+def sync_target(group: Any, timeout: Any) -> tuple[GroupContext, float | None]:
+    """A sync's checked arguments ``(context, seconds)``; without an initialized process
+    group, :func:`alone` (bad arguments fail with or without one)."""
+    seconds = check_timeout(timeout)
+    dist = initialized_dist()
+    if dist is None:
+        return alone(), seconds
+    return resolve(dist, group), seconds

@@ -1,8 +1,9 @@
 """Layout agreement across ranks: the sorted (name, spec) list every rank packs its state in.
 
 A :class:`Layout` has a chained 62-bit fingerprint; each group remembers its last agreed one
-(:class:`GroupState`, keyed by the group's name and ranks), so a steady sync packs straight
-into it, and new names extend it by exchanging only the additions (compact UTF-8 entries).
+(:class:`GroupState`, in the group's memory in :mod:`metricsync._group`), so a steady sync
+packs straight into it, and new names extend it by exchanging only the additions (compact
+UTF-8 entries).
 
 >>> from metricsync._spec import Spec
 >>> layout = Layout([("b", Spec("max")), ("a", Spec())])
@@ -17,7 +18,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -37,7 +38,6 @@ __all__ = [
     "Window",
     "decode_entries",
     "encode_entries",
-    "group_state",
 ]
 
 _MASK62 = (1 << 62) - 1
@@ -267,17 +267,12 @@ class GroupState:
     windows: dict[tuple[str, Spec], Window] = field(default_factory=dict)
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
-    owner: Callable[[], Any] | None = None  # a weak reference to the group object
     # per position of ``layout`` (that of fingerprint ``held_for``): the last sync number
     # at which some rank held its name (see metricsync._retire)
     held_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     held_for: int = EMPTY.fingerprint
     # the sync number at which each Metrics (its store) last synced here, blocking
     synced: weakref.WeakKeyDictionary[Any, int] = field(default_factory=weakref.WeakKeyDictionary)
-
-    def belongs_to(self, group: Any) -> bool:
-        """Whether this state is ``group``'s (not a former group's of the same name)."""
-        return self.owner is None or self.owner() is group
 
 
 class Window(NamedTuple):
@@ -305,21 +300,3 @@ class Placement:
     fingerprint: int  # the layout's
     names: list[str]  # the table's names and specs (copies): a table only appends slots,
     specs: list[Spec]  # so a table they begin has this placement, and more (_placement)
-
-
-_GROUPS: dict[Hashable, GroupState] = {}
-_GROUPS_LOCK = threading.Lock()
-
-
-def group_state(key: Hashable, group: Any = None) -> GroupState:
-    """The state of the group ``key`` (created on first use, and anew for a new ``group``
-    object under a former one's key)."""
-    with _GROUPS_LOCK:
-        state = _GROUPS.get(key)
-        if state is None or (group is not None and not state.belongs_to(group)):
-            try:
-                owner: Callable[[], Any] | None = None if group is None else weakref.ref(group)
-            except TypeError:  # an object without weak references: the key alone
-                owner = None
-            state = _GROUPS[key] = GroupState(owner=owner)
-        return state

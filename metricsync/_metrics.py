@@ -361,7 +361,8 @@ class Metrics:
     ) -> Metrics | SyncHandle:
         """The merge over every rank of ``group``, identical on every rank; self is unchanged.
 
-        Without an initialized process group, a copy. ``group`` is a process group
+        Without an initialized process group, what a sync of one rank returns (a copy, its
+        names in name order, as every sync's). ``group`` is a process group
         or a 1-D ``DeviceMesh`` (``mesh["dp"]``). With ``async_op=True``, a handle
         (``wait()``, ``done()``) whose state is taken at the call. ``timeout``
         (seconds) bounds the whole call. A collective that fails or times out raises

@@ -19,6 +19,7 @@ rank's vector with the merge algebra.
 
 from __future__ import annotations
 
+from enum import IntEnum
 from itertools import repeat
 
 import numpy as np
@@ -32,6 +33,8 @@ from ._table import StateTable
 
 __all__ = [
     "HEADER",
+    "Word",
+    "header",
     "merge_ranks",
     "pack",
     "pack_cells",
@@ -42,7 +45,34 @@ __all__ = [
     "within_windows",
 ]
 
-HEADER = 8  #: int64 words ahead of a rank's data: see :mod:`metricsync._sync`
+
+class Word(IntEnum):
+    """The int64 words of the header ahead of a rank's data, by position (the gather path
+    sends them as they are, the reduce path's round A as keys: :mod:`metricsync._allreduce`)."""
+
+    MAGIC = 0  # the protocol's
+    SEQ = 1  # the group's sync number
+    LAYOUT = 2  # the agreed layout's fingerprint
+    SIZE = 3  # its number of names
+    FLAGS = 4  # this rank's flags (see metricsync._sync)
+    CLASH = 5  # 1 + the layout position of a name this rank holds under another spec, or 0
+    TAG = 6  # which Metrics it syncs (see metricsync._sync._owner_tag, metricsync._async)
+    BLOB = 7  # the bytes of this rank's layout entries the layout lacks
+
+
+HEADER = len(Word)  #: int64 words ahead of a rank's data: see :mod:`metricsync._sync`
+
+
+def header(
+    *, magic: int, seq: int, layout: int, size: int, flags: int, clash: int, tag: int, blob: int
+) -> np.ndarray:
+    """A rank's header: each word at its :class:`Word` position.
+
+    >>> h = header(magic=1, seq=2, layout=3, size=4, flags=5, clash=6, tag=-7, blob=8)
+    >>> int(h[Word.FLAGS]), int(h[Word.TAG]), len(h) == HEADER
+    (5, -7, True)
+    """
+    return np.array([magic, seq, layout, size, flags, clash, tag, blob], dtype=np.int64)
 
 
 def positions(table: StateTable, layout: Layout) -> np.ndarray:

@@ -6,36 +6,38 @@ layout (two collectives), unheld ones retire, large groups take the reduce path,
 or timed-out collective raises ``SyncError`` and breaks the group.
 
 >>> import metricsync as ms
->>> m = ms.Metrics(); m.record("loss", [1.0, 3.0])
->>> m.sync().compute()  # no process group: a copy
-{'loss': 2.0}
+>>> m = ms.Metrics(); m.record("loss", [1.0, 3.0]); m.record("acc", 0.5)
+>>> m.sync().compute()  # no process group: one rank's sync, its names in name order
+{'acc': 0.5, 'loss': 2.0}
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._allreduce import Reduced, choose, widen
 from ._comm import Comm, remaining
 from ._errors import SpecMismatchError, SyncError, with_device_error
-from ._group import comm_device, group_facts, sync_target
+from ._group import GroupContext, sync_target
 from ._layout import (
     NO_WINDOW,
     GroupState,
     Layout,
     Placement,
+    Window,
     decode_entries,
     encode_entries,
-    group_state,
 )
 from ._lru import LRU
 from ._placement import place
 from ._reduce import (
     HEADER,
+    Word,
+    header,
     merge_ranks,
     pack,
     pack_cells,
@@ -49,7 +51,7 @@ from ._spec import Spec
 from ._store import Store
 from ._table import StateTable
 
-__all__ = ["describe_tag", "sync", "sync_table"]
+__all__ = ["describe_tag", "sync", "sync_in", "sync_table"]
 
 _MAGIC = 0x6D73796E6332  # "msync2": the header's flags include _FULL
 _RELAYOUT, _DEVICE_ERROR, _CONFLICT, _WINDOW, _DECLARED, _FULL = 1, 2, 4, 8, 16, 32
@@ -61,19 +63,24 @@ def sync(
     timeout: Any = None,
     wrap: Callable[[Store], Any] = lambda store: store,
 ) -> Any:
-    """``wrap`` of a store holding the merge over ``group``, identical on every rank."""
-    dist, group, seconds = sync_target(group, timeout)
-    if dist is None:
-        return wrap(Store(store.rules.copy(), store.snapshot()))
+    """``wrap`` of a store holding the merge over ``group``, identical on every rank (without
+    a process group, one rank's sync: :func:`metricsync._group.alone`)."""
+    ctx, seconds = sync_target(group, timeout)
+    return sync_in(ctx, seconds, store, wrap)
+
+
+def sync_in(
+    ctx: GroupContext, seconds: float | None, store: Store, wrap: Callable[[Store], Any]
+) -> Any:
+    """:func:`sync` with its group resolved."""
     with store.lock:  # a device error is reported after the header gather, on every rank
         table, error = with_device_error(store.folded, lambda: store.folded(devices=False))
         rules = store.rules.copy()
-    return wrap(Store(rules, sync_table(dist, group, table, rules, error, seconds, owner=store)))
+    return wrap(Store(rules, sync_table(ctx, table, rules, error, seconds, owner=store)))
 
 
 def sync_table(
-    dist: Any,
-    group: Any,
+    ctx: GroupContext,
     table: StateTable,
     rules: SpecTable,
     error: ValueError | None,
@@ -82,7 +89,8 @@ def sync_table(
     poll: bool = True,
     owner: object = None,
 ) -> StateTable:
-    """The merge of ``table`` over every rank of ``group`` (see the module docstring).
+    """The merge of ``table`` over every rank of the group of ``ctx`` (see the module
+    docstring).
 
     ``tag`` identifies the sync's ``Metrics`` among a group's async syncs (see
     :mod:`metricsync._async`); a blocking sync passes its store as ``owner``
@@ -91,8 +99,7 @@ def sync_table(
     are merging different ``Metrics``. ``poll``: whether host collectives are
     polled before the wait blocks (see :mod:`metricsync._comm`).
     """
-    facts = group_facts(dist, group)
-    state = group_state(facts.key, group)
+    state = ctx.state
     if state.broken is not None:
         raise SyncError(
             f"metricsync sync: this process group is out of step: {state.broken}; "
@@ -104,14 +111,13 @@ def sync_table(
         raise SyncError(
             "metricsync sync: another thread's sync on this group did not finish in time"
         )
-    gloo = facts.backend == "gloo"  # an all-to-all gathers faster than its ring all_gather
-    comm = Comm(dist, group, deadline, state, comm_device(dist, group), gloo, poll)
+    comm = Comm(ctx, deadline, poll)
     try:
         tag = tag if owner is None else _owner_tag(state, owner)
         # the path: one gather, or reductions whose size does not grow with the group
-        reduce = choose(facts.world, state.layout, state.windows)
+        reduce = choose(ctx.world, state.layout, state.windows)
         run = _agree_and_reduce if reduce else _agree_and_merge
-        result = run(comm, dist, group, table, rules, error, tag)
+        result = run(comm, table, rules, error, tag)
         _count(state, owner)
         return result
     except (SpecMismatchError, _Agreed) as exc:  # every rank raises the same, in step
@@ -154,40 +160,105 @@ class _Agreed(Exception):
         self.error = error
 
 
-def _agree_and_merge(
-    comm: Comm,
-    dist: Any,
-    group: Any,
+class _Opening(NamedTuple):
+    """One attempt's start, alike on both paths (:func:`_open`)."""
+
+    placed: Placement  # this rank's table in the layout
+    flags: int  # this rank's
+    agreed: list[Window]  # the agreed sketch windows, per sketch entry of the layout
+    blob: bytes  # this rank's entries the layout lacks, encoded
+    declared: np.ndarray  # per layout position: this rank's rules declare it otherwise
+    head: np.ndarray  # this rank's header (Word)
+
+
+def _open(
+    state: GroupState,
     table: StateTable,
     rules: SpecTable,
     error: Exception | None,
     tag: int,
-) -> StateTable:
-    state = comm.state
-    rank, world, _, _ = group_facts(dist, group)
-    layout = state.layout
-    placed = None
-    for attempt in range(2):
-        placed = place(state, table, layout, placed)
-        where, mine, covered = placed.where, placed.mine, placed.covered
-        flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
-        agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
-        if covered and not within_windows(table, layout, where, agreed):
-            flags |= _WINDOW
-        clash = 0
-        if attempt and not covered:  # the new entries gave a name this rank holds another spec
-            flags |= _CONFLICT
-            clash = 1 + _uncovered(table, layout)
-        # a rank with entries the layout lacks sends their encoded size ahead of them
-        blob = b"" if covered else encode_entries(_new_entries(table, placed))
-        # which layout entries this rank holds, and which its rules declare otherwise
-        declared = _declared_otherwise(rules, layout, mine)
-        flags |= _DECLARED if declared.any() else 0
-        flags |= _FULL if placed.full else 0
-        head = np.array(
-            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
-            dtype=np.int64,
+    layout: Layout,
+    placed: Placement | None,
+    attempt: int,
+) -> _Opening:
+    """Where ``table`` sits in ``layout``, and what this rank says of it in its header."""
+    placed = place(state, table, layout, placed)
+    covered = placed.covered
+    flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
+    agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
+    if covered and not within_windows(table, layout, placed.where, agreed):
+        flags |= _WINDOW
+    clash = 0
+    if attempt and not covered:  # the new entries gave a name this rank holds another spec
+        flags |= _CONFLICT
+        clash = 1 + _uncovered(table, layout)
+    # a rank with entries the layout lacks sends their encoded size ahead of them
+    blob = b"" if covered else encode_entries(_new_entries(table, placed))
+    # which layout entries this rank holds, and which its rules declare otherwise
+    declared = _declared_otherwise(rules, layout, placed.mine)
+    flags |= (_DECLARED if declared.any() else 0) | (_FULL if placed.full else 0)
+    head = header(
+        magic=_MAGIC,
+        seq=state.seq,
+        layout=layout.fingerprint,
+        size=len(layout),
+        flags=flags,
+        clash=clash,
+        tag=tag,
+        blob=len(blob),
+    )
+    return _Opening(placed, flags, agreed, blob, declared, head)
+
+
+def _raise_agreed(
+    every: int,
+    error: Exception | None,
+    rules: SpecTable,
+    table: StateTable,
+    layout: Layout,
+    clash: int,
+) -> None:
+    """The errors every rank raises in step, from the OR of every rank's flags (``clash``:
+    the largest clash word, :class:`Word`)."""
+    if every & _DEVICE_ERROR:
+        raise _Agreed(
+            error
+            or SyncError(
+                "metricsync sync: another rank recorded invalid data (see that rank's error)"
+            )
         )
+    if every & _CONFLICT:
+        _raise_conflict(rules, table, layout, clash - 1)
+
+
+def _close(
+    state: GroupState,
+    layout: Layout,
+    agreed: list[Window],
+    merged: StateTable,
+    held: np.ndarray | None,
+) -> StateTable:
+    """The end of a sync on both paths: the agreed windows kept, names no rank held for long
+    retired, and the result limited to the names some rank holds (``held``; None: all)."""
+    state.windows.update(zip(layout.sketch_entries, agreed))
+    settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
+    if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
+        return merged.subset(*layout.part(held))
+    return merged
+
+
+def _agree_and_merge(
+    comm: Comm, table: StateTable, rules: SpecTable, error: Exception | None, tag: int
+) -> StateTable:
+    ctx = comm.ctx
+    state, rank = ctx.state, ctx.rank
+    layout = state.layout
+    placed: Placement | None = None
+    for attempt in range(2):
+        placed, flags, agreed, blob, declared, head = _open(
+            state, table, rules, error, tag, layout, placed, attempt
+        )
+        where = placed.where
         bits = np.packbits(np.concatenate([placed.held, declared]))
         bits = np.concatenate([bits, np.zeros(-len(bits) % 8, dtype=np.uint8)])
         size = layout.data_size + sum(w.hi - w.lo + 2 for w in agreed)
@@ -204,21 +275,13 @@ def _agree_and_merge(
             )
         gathered = comm.all_gather(
             np.concatenate([head.view(np.float64), bits.view(np.float64), data]),
-            world,
             "the state gather",
         )
         heads = np.ascontiguousarray(gathered[:, :HEADER]).view(np.int64)
         _check_in_step(comm, heads, head)
-        every = int(np.bitwise_or.reduce(heads[:, 4]))
-        if every & _DEVICE_ERROR:
-            raise _Agreed(
-                error
-                or SyncError(
-                    "metricsync sync: another rank recorded invalid data (see that rank's error)"
-                )
-            )
-        if every & _CONFLICT:
-            _raise_conflict(rules, table, layout, int(heads[:, 5].max()) - 1)
+        every = int(np.bitwise_or.reduce(heads[:, Word.FLAGS]))
+        if every & (_DEVICE_ERROR | _CONFLICT):
+            _raise_agreed(every, error, rules, table, layout, int(heads[:, Word.CLASH].max()))
         nbits = len(bits) // 8
         if every & _DECLARED and not every & _RELAYOUT:  # held by one rank, declared otherwise?
             held_bits = np.ascontiguousarray(gathered[:, HEADER : HEADER + nbits]).view(np.uint8)
@@ -229,60 +292,58 @@ def _agree_and_merge(
                 _raise_conflict(rules, table, layout, int(clashes[0]))
         body = gathered[:, HEADER + nbits :]
         if every & _RELAYOUT:
-            sizes = heads[:, 7].tolist()
+            sizes = heads[:, Word.BLOB].tolist()
             if max(sizes) <= 8 * size:  # every rank's new entries rode in this gather
                 blobs = np.ascontiguousarray(body).view(np.uint8)
             else:
-                blobs = _gather_entries(comm, blob, sizes, world)
+                blobs = _gather_entries(comm, blob, sizes)
             layout = _extend(blobs, sizes, layout)
             continue
         merged = merge_ranks(layout, body[:, : layout.data_size])
         if every & _WINDOW:  # some samples fell outside the agreed cells: widen, send again
             wider = widened(layout, agreed, merged)
-            cells = comm.all_gather(
-                pack_cells(table, layout, where, wider), world, "the sketch gather"
-            )
+            cells = comm.all_gather(pack_cells(table, layout, where, wider), "the sketch gather")
             sum_cells(merged, layout, wider, cells)
             # a NaN's window (every cell) serves this sync only; the next agrees anew
             agreed = [old if new.vmin != new.vmin else new for old, new in zip(agreed, wider)]
         elif layout.sketch:
             sum_cells(merged, layout, agreed, body[:, layout.data_size :])
-        state.windows.update(zip(layout.sketch_entries, agreed))
         bits = gathered[:, HEADER : HEADER + nbits]
         held = None if every & _FULL else _held_by_any(bits, len(layout))
-        settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
-        if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
-            return merged.subset(*layout.part(held))
-        return merged
+        return _close(state, layout, agreed, merged, held)
     raise AssertionError("unreachable: the second attempt returns or raises")
 
 
+_IN_STEP = [int(w) for w in (Word.MAGIC, Word.SEQ, Word.LAYOUT)]  # the ranks' agreed words
+_SAME = [*_IN_STEP, int(Word.TAG)]  # ... and the same Metrics
+
+
 def _check_in_step(comm: Comm, heads: np.ndarray, mine: np.ndarray) -> None:
-    want = [*mine[:3].tolist(), int(mine[6])]  # magic, sync number, layout, tag
-    if all(row[:3] + row[6:7] == want for row in heads.tolist()):
+    own = mine.tolist()
+    want = [own[w] for w in _SAME]
+    if all([row[w] for w in _SAME] == want for row in heads.tolist()):
         return
-    same = (heads[:, 0] == _MAGIC) & (heads[:, 1] == mine[1]) & (heads[:, 2] == mine[2])
-    if not same.all():
-        comm.state.broken = "ranks disagreed on the sync sequence or the agreed layout"
+    if not (heads[:, _IN_STEP] == mine[_IN_STEP]).all():
+        comm.ctx.state.broken = "ranks disagreed on the sync sequence or the agreed layout"
         raise SyncError(
             "metricsync sync: the ranks are out of step (a different number of syncs, or syncs "
             "interleaved with other collectives on this group); create a new process group"
         )
-    if not (heads[:, 6] == mine[6]).all():  # same sync number, different Metrics
-        raise _out_of_order(comm, heads[:8, 6].tolist(), mine)
+    # the same sync number, different Metrics
+    raise _out_of_order(comm, heads[:8, Word.TAG].tolist(), mine)
 
 
 def _out_of_order(comm: Comm, tags: list[int], mine: np.ndarray) -> SyncError:
     """The error of a sync whose ranks' tags differ (ranks 0..7's ``tags``): they are
     merging different ``Metrics``. An async one leaves the group out of step."""
     seen = "; ".join(f"rank {r}: {describe_tag(int(t))}" for r, t in enumerate(tags))
-    blocking = mine[6] < 0  # see _owner_tag
+    blocking = mine[Word.TAG] < 0  # see _owner_tag
     if not blocking:  # queued async syncs stay in another order: the group is out of step
-        comm.state.broken = "ranks started their async syncs in a different order"
+        comm.ctx.state.broken = "ranks started their async syncs in a different order"
     kind = "blocking" if blocking else "async"
     return SyncError(
         f"metricsync sync: ranks started their {kind} syncs on this group in a different "
-        f"order, so sync #{int(mine[1])} would merge different Metrics ({seen}); every rank "
+        f"order, so sync #{int(mine[Word.SEQ])} would merge different Metrics ({seen}); every rank "
         "must start them in the same order, with the same Metrics objects"
     )
 
@@ -361,12 +422,12 @@ def _new_entries(table: StateTable, placed: Placement) -> list[tuple[str, Spec]]
     return [(names[i], specs[i]) for i in np.flatnonzero(~known).tolist()]
 
 
-def _gather_entries(comm: Comm, blob: bytes, sizes: list[int], world: int) -> np.ndarray:
+def _gather_entries(comm: Comm, blob: bytes, sizes: list[int]) -> np.ndarray:
     """Every rank's encoded new entries (``blob``: this rank's; ``sizes``: every rank's,
     from the headers) when some did not fit in the state gather: one gather of bytes."""
     padded = np.zeros(max(sizes), dtype=np.uint8)
     padded[: len(blob)] = np.frombuffer(blob, dtype=np.uint8)
-    return comm.all_gather(padded, world, "the layout gather")
+    return comm.all_gather(padded, "the layout gather")
 
 
 def _extend(blobs: np.ndarray, sizes: list[int], layout: Layout) -> Layout:
@@ -403,55 +464,29 @@ def describe_tag(tag: int) -> str:
 
 
 def _agree_and_reduce(
-    comm: Comm,
-    dist: Any,
-    group: Any,
-    table: StateTable,
-    rules: SpecTable,
-    error: Exception | None,
-    tag: int,
+    comm: Comm, table: StateTable, rules: SpecTable, error: Exception | None, tag: int
 ) -> StateTable:
     """:func:`_agree_and_merge`'s protocol through reductions (:mod:`metricsync._allreduce`):
     the header, flags and MAX columns in one MAX reduce, the rest in one SUM reduce."""
-    state = comm.state
-    rank, world, _, _ = group_facts(dist, group)
+    ctx = comm.ctx
+    state, rank = ctx.state, ctx.rank
     layout = state.layout
-    placed = None
+    placed: Placement | None = None
     for attempt in range(2):
-        placed = place(state, table, layout, placed)
-        where, covered = placed.where, placed.covered
-        flags = (0 if covered else _RELAYOUT) | (_DEVICE_ERROR if error else 0)
-        agreed = [state.windows.get(entry, NO_WINDOW) for entry in layout.sketch_entries]
-        if covered and not within_windows(table, layout, where, agreed):
-            flags |= _WINDOW
-        clash = 0
-        if attempt and not covered:
-            flags |= _CONFLICT
-            clash = 1 + _uncovered(table, layout)
-        blob = b"" if covered else encode_entries(_new_entries(table, placed))
-        declared = _declared_otherwise(rules, layout, placed.mine)
-        flags |= (_DECLARED if declared.any() else 0) | (_FULL if placed.full else 0)
-        head = np.array(
-            [_MAGIC, state.seq, layout.fingerprint, len(layout), flags, clash, tag, len(blob)],
-            dtype=np.int64,
+        placed, flags, agreed, blob, declared, head = _open(
+            state, table, rules, error, tag, layout, placed, attempt
         )
+        where = placed.where
         packable = not flags & (_RELAYOUT | _DEVICE_ERROR | _CONFLICT)
         data = pack(table, layout, where, rank, placed.index) if packable else None
-        red = Reduced(comm, layout, rank, world)
+        red = Reduced(comm, layout)
         got = red.round_a(head, data)
         _check_reduced(comm, got, head)
         every = got.flags
-        if every & _DEVICE_ERROR:
-            raise _Agreed(
-                error
-                or SyncError(
-                    "metricsync sync: another rank recorded invalid data (see that rank's error)"
-                )
-            )
-        if every & _CONFLICT:
-            _raise_conflict(rules, table, layout, got.clash - 1)
+        if every & (_DEVICE_ERROR | _CONFLICT):
+            _raise_agreed(every, error, rules, table, layout, got.clash)
         if every & _RELAYOUT:
-            blobs, sizes = _gather_sized(comm, blob, got.blob, world)
+            blobs, sizes = _gather_sized(comm, blob, got.blob)
             layout = _extend(blobs, sizes, layout)
             continue
         assert data is not None
@@ -470,12 +505,8 @@ def _agree_and_reduce(
             clashes = np.flatnonzero(declared_any if held is None else held & declared_any)
             if len(clashes):
                 _raise_conflict(rules, table, layout, int(clashes[0]))
-        state.windows.update(zip(layout.sketch_entries, agreed))
         # round B summed the held bits unless some rank holds every name (_FULL): exact
-        settle(state, layout, held, state.seq)  # names no rank held for long leave the layout
-        if held is not None and not held.all():  # names no rank holds (another Metrics') stay out
-            return merged.subset(*layout.part(held))
-        return merged
+        return _close(state, layout, agreed, merged, held)
     raise AssertionError("unreachable: the second attempt returns or raises")
 
 
@@ -483,9 +514,8 @@ def _check_reduced(comm: Comm, got: Any, mine: np.ndarray) -> None:
     """:func:`_check_in_step` on round A's maxima and minima of the header words."""
     if (got.high == got.low).all():
         return
-    step = [0, 1, 2]  # magic, sync number, layout
-    if not (got.high[step] == got.low[step]).all():
-        comm.state.broken = "ranks disagreed on the sync sequence or the agreed layout"
+    if not got.agree(Word.MAGIC, Word.SEQ, Word.LAYOUT):
+        comm.ctx.state.broken = "ranks disagreed on the sync sequence or the agreed layout"
         raise SyncError(
             "metricsync sync: the ranks are out of step (a different number of syncs, or syncs "
             "interleaved with other collectives on this group); create a new process group"
@@ -493,13 +523,11 @@ def _check_reduced(comm: Comm, got: Any, mine: np.ndarray) -> None:
     raise _out_of_order(comm, got.tags, mine)
 
 
-def _gather_sized(
-    comm: Comm, blob: bytes, longest: int, world: int
-) -> tuple[np.ndarray, list[int]]:
+def _gather_sized(comm: Comm, blob: bytes, longest: int) -> tuple[np.ndarray, list[int]]:
     """Every rank's encoded new entries, each behind its size (8 bytes), and the sizes."""
     padded = np.zeros(8 + longest, dtype=np.uint8)
     padded[:8] = np.frombuffer(np.int64(len(blob)).tobytes(), dtype=np.uint8)
     padded[8 : 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
-    rows = comm.all_gather(padded, world, "the layout gather")
+    rows = comm.all_gather(padded, "the layout gather")
     sizes = np.ascontiguousarray(rows[:, :8]).view(np.int64)[:, 0].tolist()
     return rows[:, 8:], sizes

@@ -25,9 +25,7 @@ PACKAGE = Path(ms.__file__).parent
 #: registries of live per-group state (not derived values): module -> names. Each is keyed
 #: by a process group, so it holds one entry per group a program syncs on.
 REGISTRIES = {
-    "_async": {"_BOOKKEEPING", "_NEXT", "_LAST"},
-    "_group": {"_FACTS"},  # bounded by hand (64, oldest out)
-    "_layout": {"_GROUPS"},
+    "_group": {"_REGISTRY"},  # each group's memory, held weakly by the group object
     "_dispatch": {"ROUTES"},  # not a cache: torch's tensor class, registered once when seen
 }
 #: the most module-level LRUs (derived-value caches) the package may hold

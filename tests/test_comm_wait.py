@@ -13,6 +13,7 @@ import pytest
 
 from metricsync import SyncError, _comm
 from metricsync._comm import POLL_SECONDS, Comm, poll
+from metricsync._group import GroupContext, GroupMemory
 from metricsync._layout import GroupState
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
@@ -46,9 +47,15 @@ class _Dist:
         return self.work
 
 
+def _ctx(work: Any, state: GroupState, device: str = "cpu") -> GroupContext:
+    """A group of two ranks on ``device`` whose collectives hand out ``work``."""
+    memory = GroupMemory(0, 2, "fake", (0, 1), state)
+    return GroupContext(_Dist(work), None, 0, 2, "fake", torch.device(device), memory)
+
+
 def _reduce(work: Any, device: str = "cpu", deadline: float | None = None) -> GroupState:
     state = GroupState()
-    comm = Comm(_Dist(work), None, deadline, state, torch.device(device))
+    comm = Comm(_ctx(work, state, device), deadline)
     out = comm.all_reduce(np.arange(3.0), "sum", "the test reduce")
     assert out.tolist() == [0.0, 1.0, 2.0]
     assert comm.count == 1
@@ -90,7 +97,7 @@ def test_a_failed_wait_raises_sync_error_and_marks_the_group() -> None:
         _reduce(work)
     assert work.checks == 1
     state = GroupState()
-    comm = Comm(_Dist(work), None, None, state, torch.device("cpu"))
+    comm = Comm(_ctx(work, state), None)
     with pytest.raises(SyncError):
         comm.all_reduce(np.zeros(1), "sum", "again")
     assert state.broken is not None and "peer went away" in state.broken
@@ -102,7 +109,7 @@ def test_a_poll_that_raises_is_a_failed_collective_too() -> None:
             raise RuntimeError("connection reset")
 
     state = GroupState()
-    comm = Comm(_Dist(Broken(ready=0)), None, None, state, torch.device("cpu"))
+    comm = Comm(_ctx(Broken(ready=0), state), None)
     with pytest.raises(SyncError, match="connection reset"):
         comm.all_reduce(np.zeros(1), "sum", "the test reduce")
     assert state.broken is not None
@@ -112,13 +119,13 @@ def test_device_collectives_async_syncs_and_works_without_a_completion_check_are
     None
 ):
     work = _Work(ready=0)
-    comm = Comm(_Dist(work), None, None, GroupState(), torch.device("meta"))
+    comm = Comm(_ctx(work, GroupState(), "meta"), None)
     with pytest.raises(NotImplementedError):  # the wait is over; a meta result has no data
         comm.all_reduce(np.zeros(1), "sum", "the test reduce")
     assert work.checks == 0 and work.waits == [None]
 
     work = _Work(ready=0)  # an async sync's thread: host collectives, not polled
-    Comm(_Dist(work), None, None, GroupState(), torch.device("cpu"), poll=False).all_reduce(
+    Comm(_ctx(work, GroupState()), None, poll=False).all_reduce(
         np.zeros(1), "sum", "the test reduce"
     )
     assert work.checks == 0 and work.waits == [None]

@@ -533,7 +533,9 @@ def test_0d_references_equal_numpy_and_the_host_path(
             continue
         with np.errstate(invalid="ignore"):  # inf - inf: NaN, as in the sum
             total, mean = float(np.sum(xs)), float(np.mean(xs))
-        assert same(got[f"{name}/sum"], total, rel=1e-9, abs=1e-9) and got[f"{name}/count"] == len(xs), name
+        assert same(got[f"{name}/sum"], total, rel=1e-9, abs=1e-9) and got[f"{name}/count"] == len(
+            xs
+        ), name
         if name == "a":
             assert same(got["a/mean"], mean, rel=1e-9, abs=1e-9)
 

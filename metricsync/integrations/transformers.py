@@ -186,7 +186,7 @@ class MetricsyncCallback(TrainerCallback):
         >>> callback = MetricsyncCallback()
         >>> callback.metrics.record("x", [1.0, 3.0])
         >>> callback.sync({"loss": 0.5}).compute()
-        {'x': 2.0, 'loss': 0.5}
+        {'loss': 0.5, 'x': 2.0}
         """
         self._record_trainer_logs(scalars(logs or {}))
         try:

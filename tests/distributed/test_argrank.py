@@ -292,8 +292,10 @@ def test_argrank_needs_pooled_samples(across: str) -> None:
         ms.Spec("max", across=across, argrank=True)
 
 
-def test_no_ranks_without_a_process_group() -> None:
+def test_a_sync_without_a_process_group_is_rank_0s() -> None:
     m = ms.Metrics({"t": ms.Spec(("min", "max"), argrank=True)})
     m.record("t", [2.0, 5.0])
-    assert m.compute() == m.sync().compute() == {"t/min": 2.0, "t/max": 5.0}
+    assert m.compute() == {"t/min": 2.0, "t/max": 5.0}  # ranks are known after a sync
+    ranked = {"t/min": 2.0, "t/max": 5.0, "t/max_rank": 0.0, "t/min_rank": 0.0}
+    assert m.sync().compute() == ranked  # one rank's sync (tests/distributed/test_sync_alone.py)
     assert m.key_formats()["t/max_rank"] == ",.0f"

@@ -23,8 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
 from metricsync._allreduce import ENV  # noqa: E402
-from metricsync._group import group_key  # noqa: E402
-from metricsync._layout import group_state  # noqa: E402
+from metricsync._group import resolve  # noqa: E402
 from metricsync._retire import RETIRE_AFTER  # noqa: E402
 from metricsync.testing import count_collectives, run_distributed  # noqa: E402
 
@@ -40,7 +39,7 @@ def _values(step: int, rank: int) -> list[float]:
 
 def _churn(rank: int, world: int) -> dict[str, Any]:
     group = dist.new_group(backend="gloo")
-    state = group_state(group_key(dist, group))
+    state = resolve(dist, group).state
     sizes, sent, wrong = [], [], []
     for step in range(STEPS):
         kept = ms.Metrics(SPECS)  # a new one each step (reset() keeps a Metrics' names)
@@ -104,7 +103,7 @@ def test_names_that_change_every_step_keep_the_layout_bounded(sync_path: str) ->
 def _rarely(rank: int, world: int) -> dict[str, Any]:
     """A large Metrics synced once every 2 * RETIRE_AFTER syncs of a small one."""
     group = dist.new_group(backend="gloo")
-    state = group_state(group_key(dist, group))
+    state = resolve(dist, group).state
     small = ms.Metrics()
     results, sizes = [], []
     for round_ in range(3):
@@ -139,7 +138,7 @@ def test_a_metrics_synced_rarely_comes_back_right() -> None:
 def _alternating(rank: int, world: int) -> dict[str, Any]:
     """The churn of ``_churn`` with the path switched every sync (the same on every rank)."""
     group = dist.new_group(backend="gloo")
-    state = group_state(group_key(dist, group))
+    state = resolve(dist, group).state
     names, wrong = [], []
     for step in range(2 * RETIRE_AFTER + 5):
         os.environ[ENV] = ("gather", "reduce", "reduce")[step % 3]

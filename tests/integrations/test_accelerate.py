@@ -126,17 +126,11 @@ def test_a_metrics_is_logged_in_the_same_key_order_on_one_process_and_on_two(
     assert on_two == [[NAME_ORDER, NAME_ORDER], []]  # accelerate logs on the main process only
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs Metrics.sync() without a process group to compute keys in name order, as a "
-    "sync over several processes does (another change); remove this mark once it is merged",
-)
 def test_a_synced_dict_is_logged_in_the_same_key_order_on_one_process_and_on_two(
     tmp_path: pytest.TempPathFactory,
 ) -> None:
     # accelerator.log(metrics.sync().compute()): the tracker logs a dict in its own order, so
-    # this depends on the order Metrics.sync() computes, which is name order on two processes
-    # and, until that change, the recorded order on one.
+    # this depends on the order Metrics.sync() computes: name order on one process and on two.
     on_two = run_distributed(_logged_orders, 2, args=(str(tmp_path), True), timeout=120)
     assert on_two == [[NAME_ORDER, NAME_ORDER], []]
     assert _logged_orders(0, 1, str(tmp_path), True) == [NAME_ORDER, NAME_ORDER]
