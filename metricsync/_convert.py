@@ -195,6 +195,10 @@ def _as_array(name: str, value: object, what: str, role: str) -> np.ndarray:
             raise ValueError(f"metric {name!r}: {value!r:.40} does not fit in a float64") from None
     if is_torch(value):
         return _tensor_array(name, value, role)
+    if role != "value" and isinstance(value, np.ma.MaskedArray) and np.ma.getmask(value).any():
+        raise TypeError(
+            f"metric {name!r}: a {role} with masked elements (fill them: {role}.filled(0))"
+        )
     try:
         arr = np.asarray(value)
     except Exception as exc:  # an object whose __array__ fails
@@ -327,6 +331,10 @@ def host_record(
     if mask is not None:  # a boolean array; beside a weight, the weight's zeros
         m = host_mask(name, mask, shape)
         w = m if w is None else w * m
+    if isinstance(value, np.ma.MaskedArray) and np.ma.getmask(value) is not np.ma.nomask:
+        # np.asarray drops a masked array's mask: its masked elements are no samples
+        kept = ~np.broadcast_to(np.ma.getmask(value), shape).reshape(-1)
+        w = kept if w is None else w * kept
     if finite:
         bad = ~np.isfinite(values) if w is None else ~np.isfinite(values) & (w > 0)
         if bad.any():

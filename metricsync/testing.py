@@ -179,6 +179,8 @@ def run_distributed(
             pending.discard(rank)
     finally:
         for proc in procs:
+            if proc.pid is None:  # never started (its start raised): nothing to join
+                continue
             proc.join(timeout=10.0)
             if proc.is_alive():
                 proc.kill()

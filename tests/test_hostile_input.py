@@ -13,6 +13,9 @@ accelerator code path; sparse (COO, CSR, CSC, BSR), quantized, nested
 (strided and jagged), complex and sub-byte dtypes raise ``TypeError`` naming the
 metric and what to convert to, as values, weights and masks; ``update()``
 with one of them records nothing.
+
+Numpy masked arrays: a masked element is no sample (numpy's statistics over
+``compressed()``); a masked weight or mask element is refused, naming the metric.
 """
 
 from __future__ import annotations
@@ -460,3 +463,62 @@ def test_boolean_samples_reduced_when_recorded_have_a_min_and_max(form: str) -> 
     m = ms.Metrics({"flags": ms.Spec(("min", "max", "mean"))})
     m.record("flags", value)
     assert m.compute() == {"flags/min": 0.0, "flags/max": 1.0, "flags/mean": 100 / 300}
+
+
+# ------------------------------------------------------------ numpy masked arrays
+
+MASKED_SPEC = ms.Spec(("sum", "count", "min", "max"))
+
+
+@pytest.mark.parametrize("size", [3, 300])  # buffered, and reduced when recorded
+@pytest.mark.parametrize("how", ["record", "update", "open", "weighted", "masked", "error"])
+def test_a_masked_arrays_masked_elements_are_no_samples(size: int, how: str) -> None:
+    """``np.asarray`` of a numpy masked array drops its mask: its masked elements (any
+    value, here 1e6 and NaN) were recorded as samples, a wrong number with no error.
+    The oracle: numpy's statistics over ``compressed()``, the unmasked elements."""
+    rng = np.random.default_rng(size)
+    data = rng.normal(size=size)
+    hidden = np.arange(size) % 3 == 1
+    data[hidden] = 1e6
+    data[1] = np.nan
+    value = np.ma.masked_array(data, mask=hidden)
+    weight = rng.uniform(0.5, 2.0, size=size)
+    keep = np.arange(size) % 5 != 0  # the mask= argument, beside the array's own
+    spec = ms.Spec(MASKED_SPEC.reduce, nan="error") if how == "error" else MASKED_SPEC
+    m = ms.Metrics({"x": spec})
+    if how == "open":
+        m.record("x", 0.0)  # the name's number buffer is open
+    if how == "update":
+        m.update({"x": value})
+    elif how == "weighted":
+        m.record("x", value, weight=weight)
+    elif how == "masked":
+        m.record("x", value, mask=keep)
+    else:
+        m.record("x", value)
+    got = m.compute()
+    kept = ~hidden & (keep if how == "masked" else True)
+    v = data[kept]
+    w = weight[kept] if how == "weighted" else np.ones(len(v))
+    if how == "open":
+        v, w = np.append(v, 0.0), np.append(w, 1.0)
+    assert got["x/count"] == pytest.approx(w.sum(), rel=1e-12)
+    assert got["x/sum"] == pytest.approx(np.dot(v, w), rel=1e-12)
+    assert (got["x/min"], got["x/max"]) == (v.min(), v.max())
+
+
+def test_the_masked_constant_records_no_sample() -> None:
+    m = ms.Metrics()
+    m.record("x", 1.0)
+    m.record("x", np.ma.masked)
+    assert m.compute() == {"x": 1.0}
+
+
+@pytest.mark.parametrize("role", ["weight", "mask"])
+def test_a_masked_weight_or_mask_is_refused_naming_the_metric(role: str) -> None:
+    """What a masked weight or mask element means is unclear: refused, nothing recorded."""
+    other = np.ma.masked_array([1.0, 1.0], mask=[False, True])
+    m = ms.Metrics()
+    with pytest.raises(TypeError, match=r"'x'.*masked"):
+        m.record("x", np.array([1.0, 2.0]), **{role: other})
+    assert len(m) == 0

@@ -111,3 +111,13 @@ def test_count_collectives_counts_calls_and_payload_bytes() -> None:
         assert log[4] == ("all_to_all_single", 16)
         assert log[0] == ("all_reduce", 80) and log[1] == ("all_gather", 12)
         assert restored
+
+
+def test_a_rank_that_cannot_start_raises_its_own_error() -> None:
+    """A function the ranks cannot import (a lambda) fails at the start of its rank's
+    process: that error surfaces, not an ``AssertionError`` about joining a process
+    that never started (raised while cleaning up, which hid it)."""
+    with pytest.raises(Exception) as err:
+        run_distributed(lambda rank, world: rank, 2)
+    assert "can only join a started process" not in str(err.value)
+    assert "pickle" in (type(err.value).__name__ + str(err.value)).lower()
