@@ -36,9 +36,10 @@ settings.register_profile("explore", derandomize=False, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 NEEDS_AT_IMPORT = {
-    "metricsync/_device.py": "torch",
-    "metricsync/_device_fold.py": "torch",
-    "metricsync/_device_refs.py": "torch",
+    "metricsync/_record/_device.py": "torch",
+    "metricsync/_record/_device_fold.py": "torch",
+    "metricsync/_record/_device_refs.py": "torch",
+    "metricsync/_record/_streams.py": "torch",
     "metricsync/integrations/transformers.py": "transformers",
     "metricsync/integrations/accelerate.py": "accelerate",
     "metricsync/integrations/lightning.py": "lightning",
@@ -53,8 +54,8 @@ DOCTESTS_NEED = {
     "metricsync/backends/_mlflow.py": "mlflow",
     "metricsync/backends/_swanlab.py": "swanlab",
     "metricsync/backends/_trackio.py": "trackio",
-    "metricsync/_plotting.py": "matplotlib",
-    "metricsync/_benchmark.py": "torch",
+    "metricsync/_cli/_plotting.py": "matplotlib",
+    "metricsync/_cli/_benchmark.py": "torch",
     "metricsync/testing.py": "torch",
 }
 """Modules whose doctests use an optional package without importing it themselves."""

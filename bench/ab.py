@@ -45,7 +45,7 @@ import step as rl  # bench/step.py: the RL step's data and specs
 import torch.distributed as dist
 
 import metricsync as work
-from metricsync._benchmark import _specs as sync_specs
+from metricsync._cli._benchmark import _specs as sync_specs
 
 Case = Callable[[], dict[str, float]]
 

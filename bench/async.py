@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 import metricsync as ms
-from metricsync._logread import read_jsonl
+from metricsync._log._logread import read_jsonl
 from metricsync.testing import run_distributed
 
 N_SCALARS, N_TIMING, N_PERF, N_HOST = 60, 30, 20, 82

@@ -24,8 +24,10 @@ import step as rl
 import torch.distributed as dist
 
 import metricsync as ms
-from metricsync import _codec, _fold, _sketch, _spec, _store, _sync, _table, _tokens
-from metricsync._benchmark import _specs
+from metricsync._cli._benchmark import _specs
+from metricsync._record import _fold, _store
+from metricsync._state import _codec, _sketch, _spec, _table, _tokens
+from metricsync._sync import _sync
 
 Case = Callable[[], dict[str, float]]
 

@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import metricsync as ms
-from metricsync._codec import FORMAT_VERSION, HEAD, frame, unframe
+from metricsync._state._codec import FORMAT_VERSION, HEAD, frame, unframe
 from metricsync.testing import format_example
 
 FAMILIES = ("random", "truncated", "mutated", "mutated+crc", "structured+crc")

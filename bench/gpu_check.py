@@ -100,7 +100,7 @@ def path_table(
 def op_counts(device: Any, window: int = 512) -> dict[str, float]:
     """Device ops per ``record()`` per path, amortized over ``window`` records that include
     the fold they trigger (inputs made outside the count; meta tensors as stand-ins)."""
-    from metricsync._device_refs import REF_LIMIT
+    from metricsync._record._device_refs import REF_LIMIT
     from metricsync.testing import meta_records
 
     counts = {}

@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metricsync._quantile import query
-from metricsync._sketch import ingest_numpy, ingest_torch, sketch_layout
+from metricsync._state._quantile import query
+from metricsync._state._sketch import ingest_numpy, ingest_torch, sketch_layout
 
 QS = (0.5, 0.9, 0.99)
 DDSKETCH_MAX = 100_000

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 import metricsync as ms
-from metricsync._device_refs import REF_LIMIT
+from metricsync._record._device_refs import REF_LIMIT
 from metricsync.testing import count_device_ops, meta_records
 
 NAMES = [f"actor/metric_{i}" for i in range(8)]
@@ -424,7 +424,7 @@ def device_cpu_cost(repeats: int) -> dict[str, float]:
     kernel, slower than the C++ one a GPU runs), between folds only, and on CPU tensors
     sent down the accelerator path (C++ kernels, tiny data); against a Python float
     record into the same names."""
-    from metricsync import _convert
+    from metricsync._record import _convert
 
     names = [f"s/{i}" for i in range(64)]
     per = REF_LIMIT // len(names)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import metricsync as ms
-from metricsync._benchmark import _specs
+from metricsync._cli._benchmark import _specs
 from metricsync.testing import run_distributed
 
 

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 import metricsync as ms
-from metricsync._allreduce import ENV, Reduced, choose, received_bytes, wire_bytes
-from metricsync._layout import NO_WINDOW, Layout, Window
-from metricsync._reduce import (
+from metricsync._state._table import StateTable
+from metricsync._sync._allreduce import ENV, Reduced, choose, received_bytes, wire_bytes
+from metricsync._sync._layout import NO_WINDOW, Layout, Window
+from metricsync._sync._reduce import (
     HEADER,
     header,
     merge_ranks,
@@ -42,7 +43,6 @@ from metricsync._reduce import (
     positions,
     sum_cells,
 )
-from metricsync._table import StateTable
 from metricsync.testing import count_collectives, run_distributed
 
 
@@ -75,7 +75,7 @@ class _Loopback:
 
 def _windows(layout: Layout, tables: list[StateTable]) -> list[Window]:
     """The agreed windows after a first sync of these tables (from their merge)."""
-    from metricsync._reduce import widened
+    from metricsync._sync._reduce import widened
 
     rows = [_pack(t, layout, r, [NO_WINDOW] * len(layout.sketch))[0] for r, t in enumerate(tables)]
     merged = merge_ranks(layout, np.stack(rows)[:, : layout.data_size])

@@ -12,7 +12,7 @@ plus building a dict of K floats (the least a sync of these bytes that returns
 layout changed, bytes per sync and per quantile metric, and the CPU a call costs
 every rank's process together (on fewer cores than ranks, a call takes at least that
 over the cores). See
-``metricsync/_benchmark.py`` for what each approach does.
+``metricsync/_cli/_benchmark.py`` for what each approach does.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from metricsync._benchmark import format_rows, run
+from metricsync._cli._benchmark import format_rows, run
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ response mask, per-micro-batch losses under gradient accumulation with a
 different number of micro-batches per rank, response lengths, the learning
 rate), records it into a :class:`metricsync.Metrics`, and ``sync()``s it
 within its group; rank 0 of each group returns the synced metrics. The driver
-merges the two groups and logs the result with :class:`metricsync._tracker.Tracker`.
+merges the two groups and logs the result with :class:`metricsync._tracking._tracker.Tracker`.
 
 Everything is simulated; nothing leaves 127.0.0.1. Run it with::
 
@@ -28,8 +28,8 @@ import ray
 import torch
 
 import metricsync as ms
-from metricsync._collect import collect
-from metricsync._tracker import Tracker
+from metricsync._facade._collect import collect
+from metricsync._tracking._tracker import Tracker
 
 SPECS = {
     "actor/entropy": ms.Spec("mean", fmt=".4f"),  # token mean: masked elements only

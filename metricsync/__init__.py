@@ -12,13 +12,13 @@ collectives, log anywhere.
 
 from __future__ import annotations
 
-from ._async import SyncHandle, bookkeeping_group
-from ._collect import collect
-from ._errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
-from ._histogram import Histogram
-from ._metrics import Metrics, merge
-from ._spec import Spec
-from ._tracker import Tracker
+from ._facade._collect import collect
+from ._facade._metrics import Metrics, merge
+from ._state._errors import CodecError, MetricsyncError, SpecMismatchError, SyncError
+from ._state._histogram import Histogram
+from ._state._spec import Spec
+from ._sync._async import SyncHandle, bookkeeping_group
+from ._tracking._tracker import Tracker
 from ._version import __version__ as __version__
 
 __all__ = [

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._convert import meta_records
-from ._opcount import count_blocking_uploads, count_device_ops
+from ._record._convert import meta_records
+from ._record._opcount import count_blocking_uploads, count_device_ops
 
 __all__ = [
     "CollectiveCounts",

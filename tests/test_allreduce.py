@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metricsync import _algebra as al
-from metricsync._allreduce import ENV, choose, key, pack_counts, unkey, unpack_counts
-from metricsync._layout import Layout
-from metricsync._spec import Spec
+from metricsync._state import _algebra as al
+from metricsync._state._spec import Spec
+from metricsync._sync._allreduce import ENV, choose, key, pack_counts, unkey, unpack_counts
+from metricsync._sync._layout import Layout
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 5e-324, -5e-324, 1.7976931348623157e308]
 floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(SPECIAL))
@@ -66,7 +66,7 @@ def test_the_rule_and_the_forcing_switch(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_the_sum_round_carries_every_column_the_algebra_sums() -> None:
     # the sum round sends two ranges of columns, W..S and DROP..W2 (a column added to the
     # algebra with a SUM rule must join one of them)
-    from metricsync import _algebra as al
+    from metricsync._state import _algebra as al
 
     summed = {i for i, column in enumerate(al.COLUMNS) if column.op is al.Op.SUM}
     assert summed == {*range(al.W, al.S + 1), *range(al.DROP, al.W2 + 1)}

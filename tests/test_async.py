@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync._async import done_handle
-from metricsync._logread import read_jsonl
-from metricsync._pending import FAST_LIMIT
-from metricsync._store import Store
+from metricsync._log._logread import read_jsonl
+from metricsync._record._pending import FAST_LIMIT
+from metricsync._record._store import Store
+from metricsync._sync._async import done_handle
 
 
 class Recorder:

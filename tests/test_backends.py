@@ -22,8 +22,8 @@ import pytest
 from _compare import same
 
 import metricsync as ms
-from metricsync._logread import read_jsonl
-from metricsync._tracker import Tracker
+from metricsync._log._logread import read_jsonl
+from metricsync._tracking._tracker import Tracker
 
 STEPS = [
     (1, {"loss": 0.5, "actor/lr": 3e-4, "grad_norm": math.nan}),
@@ -422,7 +422,7 @@ SWANLAB_SCRIPT = """
     import json
     import swanlab
     from test_backends import STEPS
-    from metricsync._tracker import Tracker
+    from metricsync._tracking._tracker import Tracker
 
     config = {"optim": {"lr": 3e-4}, "seed": 7}
     with Tracker(("jsonl", "swanlab"), run_dir="run", project="p", name="e", config=config) as t:
@@ -499,7 +499,7 @@ TRACKIO_SCRIPT = """
     import json, math
     from test_backends import STEPS, _quantile_metrics
     from trackio.sqlite_storage import SQLiteStorage
-    from metricsync._tracker import Tracker
+    from metricsync._tracking._tracker import Tracker
 
     merged, _ = _quantile_metrics()
     config = {"optim": {"lr": 3e-4}, "seed": 7}

@@ -426,7 +426,7 @@ def test_tracker_log_rejects_bad_input_and_writes_nothing(
 
 
 def ms_read(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
-    from metricsync._logread import read_jsonl
+    from metricsync._log._logread import read_jsonl
 
     return read_jsonl(run_dir)[1]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metricsync._baselines import olmo_divide_factor
+from metricsync._cli._baselines import olmo_divide_factor
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Process-wide caches: every one is a bounded LRU (metricsync._lru), and they are few.
+"""Process-wide caches: every one is a bounded LRU (metricsync._state._lru), and they are few.
 
 The package source is scanned: a ``functools`` cache, or a module-level dict that code
 writes into (a cache or registry by hand), fails unless it is one of the registries of
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import metricsync as ms
-from metricsync._lru import LRU, Cached
-from metricsync._sketch import SketchLayout
+from metricsync._state._lru import LRU, Cached
+from metricsync._state._sketch import SketchLayout
 
 PACKAGE = Path(ms.__file__).parent
 
@@ -36,7 +36,8 @@ _WRITES = {"setdefault", "update", "__setitem__", "add"}
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
-    return [(path.stem, ast.parse(path.read_text())) for path in sorted(PACKAGE.glob("*.py"))]
+    paths = sorted([*PACKAGE.glob("*.py"), *PACKAGE.glob("_*/*.py")])  # the layers' modules
+    return [(path.stem, ast.parse(path.read_text())) for path in paths]
 
 
 def _called(node: ast.expr) -> str | None:
@@ -171,13 +172,16 @@ def test_the_package_keeps_few_caches() -> None:
 def _live_caches() -> dict[str, tuple[int, int]]:
     """Every LRU of the package's modules: name -> (entries, bound)."""
     out = {}
-    for info in pkgutil.iter_modules([str(PACKAGE)]):
-        module = importlib.import_module(f"metricsync.{info.name}")
-        for name, value in vars(module).items():
-            if isinstance(value, Cached):
-                value = value.cache
-            if isinstance(value, LRU):
-                out[f"{info.name}.{name}"] = (len(value), value.maxsize)
+    for layer in pkgutil.iter_modules([str(PACKAGE)]):
+        if not (layer.ispkg and layer.name.startswith("_")):
+            continue
+        for info in pkgutil.iter_modules([str(PACKAGE / layer.name)]):
+            module = importlib.import_module(f"metricsync.{layer.name}.{info.name}")
+            for name, value in vars(module).items():
+                if isinstance(value, Cached):
+                    value = value.cache
+                if isinstance(value, LRU):
+                    out[f"{info.name}.{name}"] = (len(value), value.maxsize)
     return out
 
 

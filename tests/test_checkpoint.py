@@ -253,8 +253,9 @@ def test_a_resume_holding_what_no_record_holds_raises_codec_error() -> None:
     import struct
     import zlib
 
-    from metricsync import _codec, _resume
-    from metricsync._pending import Held
+    from metricsync._record import _resume
+    from metricsync._record._pending import Held
+    from metricsync._state import _codec
 
     m = _pending_rich()
     resume = m.state_dict()["resume"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _cli import follow, run
 
-from metricsync._tracker import Tracker
+from metricsync._tracking._tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ def test_show_csv_and_json_hold_every_value_at_full_precision(log_file: Path) ->
     import io
     import json
 
-    from metricsync._logread import read_jsonl
+    from metricsync._log._logread import read_jsonl
 
     _, steps = read_jsonl(log_file)
     keys = ["actor/lr", "actor/pg_loss", "perf/tokens", "timing/step"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync import _codec as codec
+from metricsync._state import _algebra as al
+from metricsync._state import _codec as codec
 from metricsync.testing import format_example
 
 HEAD = codec.HEAD

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from metricsync import SyncError, _comm
-from metricsync._comm import POLL_SECONDS, Comm, poll
-from metricsync._group import GroupContext, GroupMemory
-from metricsync._layout import GroupState
+from metricsync import SyncError
+from metricsync._sync import _comm
+from metricsync._sync._comm import POLL_SECONDS, Comm, poll
+from metricsync._sync._group import GroupContext, GroupMemory
+from metricsync._sync._layout import GroupState
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 

@@ -37,14 +37,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _algebra as state
+from metricsync._state import _algebra as state
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 PLAIN = ("mean", "sum", "count", "min", "max", "last", "std", "var")
 QUANTILES = ("p0", "p50", "p90", "p99", "p100")
-HAS_SKETCH = importlib.util.find_spec("metricsync._sketch") is not None
-needs_sketch = pytest.mark.skipif(not HAS_SKETCH, reason="metricsync._sketch not written yet")
+HAS_SKETCH = importlib.util.find_spec("metricsync._state._sketch") is not None
+needs_sketch = pytest.mark.skipif(
+    not HAS_SKETCH, reason="metricsync._state._sketch not written yet"
+)
 
 SETTINGS = settings(  # METRICSYNC_EXAMPLES=2000 for a deeper search
     max_examples=int(os.environ.get("METRICSYNC_EXAMPLES", "60")),
@@ -397,9 +399,9 @@ def _empty_merge_memories(monkeypatch: pytest.MonkeyPatch) -> None:
     """What merges keep per pair of tokens, empty for the test: a check of the second merge
     must not meet a memory that earlier tests' merges brought to its bound, where it starts
     over and forgets the first merge's pairs."""
-    from metricsync._lru import LRU
+    from metricsync._state._lru import LRU
 
-    monkeypatch.setattr("metricsync._store._AGREED", LRU(64))
+    monkeypatch.setattr("metricsync._record._store._AGREED", LRU(64))
 
 
 def test_a_pair_merged_again_is_checked_from_what_agreed_before(
@@ -408,7 +410,7 @@ def test_a_pair_merged_again_is_checked_from_what_agreed_before(
     """The same workers' results merged at every step: the second merge resolves no name
     against the rules again, gives the same result, and a pair that differs in a spec
     (another token) is checked, and raises, however often its neighbours agreed."""
-    from metricsync._rules import SpecTable
+    from metricsync._state._rules import SpecTable
 
     rules = {"t/*": ms.Spec("max"), "len": ms.Spec(("mean", "p50"))}
 
@@ -442,7 +444,7 @@ def test_decoded_results_merged_again_look_up_no_slot(monkeypatch: pytest.Monkey
     a new result. From the second step the slots of their names are known by token (no
     name looked up); the result equals numpy over the samples, and it and the first part
     (whose names it takes) change apart."""
-    from metricsync._table import StateTable
+    from metricsync._state._table import StateTable
 
     def worker(rank: int) -> bytes:
         m = ms.Metrics({"t/*": ms.Spec("max"), "g": ms.Spec("mean", across="mean")})
@@ -480,7 +482,7 @@ def test_a_decoded_result_merges_from_its_own_table(monkeypatch: pytest.MonkeyPa
     """A decoded worker result has nothing to fold: a merge reads its table without a copy
     (before: one per part). The merge equals numpy over the samples, and afterwards the
     parts and the result change apart (records past a fold, a reset, new names)."""
-    from metricsync._table import StateTable
+    from metricsync._state._table import StateTable
 
     specs = {"len": ms.Spec(("mean", "max", "p50")), "g": ms.Spec("mean", across="max")}
     samples = {r: np.arange(1.0, 20.0 * (r + 1)) for r in range(4)}
@@ -528,7 +530,7 @@ def test_a_merge_reads_a_settled_source_under_its_lock(monkeypatch: pytest.Monke
     second: without the source's lock its fold lands in the merged sketch alone."""
     import threading
 
-    from metricsync._table import StateTable
+    from metricsync._state._table import StateTable
 
     source = ms.Metrics({"len": ms.Spec(("mean", "p50"))})
     source.record("len", np.arange(1.0, 21.0))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from metricsync._progress import Progress
+from metricsync._cli._progress import Progress
 from metricsync.backends._console import DEFAULT_WIDTH, ConsoleBackend, add_log_handler
 
 VALUES = {

@@ -20,7 +20,7 @@
   format of 1e308, infinities and NaN in every ``across`` mode succeed.
 
 Device records are checked through the accelerator code path on CPU tensors
-(``metricsync._convert.HOST_DEVICE_TYPES`` emptied), skipped without torch.
+(``metricsync._record._convert.HOST_DEVICE_TYPES`` emptied), skipped without torch.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-import metricsync._algebra
-import metricsync._convert
-from metricsync._pending import FAST_LIMIT
+import metricsync._record._convert
+import metricsync._state._algebra
+from metricsync._record._pending import FAST_LIMIT
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
@@ -58,7 +58,7 @@ def clock() -> Iterator[list[float]]:
     """A recording clock the test sets: ``now[0]`` microseconds until changed."""
     now = [1.0]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(metricsync._algebra, "now_us", lambda: now[0])
+        mp.setattr(metricsync._state._algebra, "now_us", lambda: now[0])
         yield now
 
 
@@ -67,7 +67,7 @@ def device_path(on: bool = True) -> Iterator[None]:
     """CPU tensors through the accelerator code path (with ``on``)."""
     with pytest.MonkeyPatch.context() as mp:
         if on:
-            mp.setattr(metricsync._convert, "HOST_DEVICE_TYPES", frozenset())
+            mp.setattr(metricsync._record._convert, "HOST_DEVICE_TYPES", frozenset())
         yield
 
 

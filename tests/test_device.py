@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
 import metricsync as ms  # noqa: E402
-from metricsync import _convert as device_mod  # noqa: E402
-from metricsync._device import BAD_NAN, DeviceState  # noqa: E402
+from metricsync._record import _convert as device_mod  # noqa: E402
+from metricsync._record._device import BAD_NAN, DeviceState  # noqa: E402
 from metricsync.testing import (  # noqa: E402
     count_blocking_uploads,
     count_device_ops,

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import metricsync as ms  # noqa: E402
-from metricsync._device_refs import REF_LIMIT  # noqa: E402
+from metricsync._record._device_refs import REF_LIMIT  # noqa: E402
 from metricsync.testing import (  # noqa: E402
     count_blocking_uploads,
     count_device_ops,
@@ -258,7 +258,7 @@ def test_a_device_that_cannot_hold_the_state_is_refused_naming_the_metric(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # as on a device without float64 (mps): the error names the metric; nothing is lost
-    from metricsync import _device
+    from metricsync._record import _device
 
     def no_float64(self: Any, device: Any) -> None:
         raise TypeError("Cannot convert a tensor to float64 dtype on this device")

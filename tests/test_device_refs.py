@@ -24,9 +24,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import metricsync as ms  # noqa: E402
-from metricsync import _algebra as al  # noqa: E402
-from metricsync import _convert  # noqa: E402
-from metricsync import _device as device_state  # noqa: E402
+from metricsync._record import _convert  # noqa: E402
+from metricsync._record import _device as device_state  # noqa: E402
+from metricsync._state import _algebra as al  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """The stream branches of a device state, run on CPU tensors through a stand-in
-:class:`~metricsync._streams.Streams` (only CUDA has other streams; these are the
+:class:`~metricsync._record._streams.Streams` (only CUDA has other streams; these are the
 branches a GPU would take, with the same code).
 
 - a record made while a side stream is current is copied, not referenced;
@@ -18,10 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from metricsync import _algebra as al  # noqa: E402
-from metricsync._device import BAD_CHANGED, DeviceState  # noqa: E402
-from metricsync._spec import Spec  # noqa: E402
-from metricsync._streams import Streams  # noqa: E402
+from metricsync._record._device import BAD_CHANGED, DeviceState  # noqa: E402
+from metricsync._record._streams import Streams  # noqa: E402
+from metricsync._state import _algebra as al  # noqa: E402
+from metricsync._state._spec import Spec  # noqa: E402
 
 CPU = torch.device("cpu")
 

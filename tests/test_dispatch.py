@@ -1,4 +1,4 @@
-"""``record`` and ``update`` route every kind of value alike (``metricsync/_dispatch.py``).
+"""``record`` and ``update`` route every kind of value alike (``metricsync/_record/_dispatch.py``).
 
 ``record`` applies a record at once (an open name's Python number inline, every other
 value by the route of its class, a name's first number, or the checked path); ``update``
@@ -119,7 +119,7 @@ def test_record_and_update_give_the_same_state_for_every_kind(
     by_record, by_update = ms.Metrics(rules), ms.Metrics(rules)
     with pytest.MonkeyPatch.context() as mp:
         if device:  # CPU tensors take the accelerator path (lanes, references)
-            mp.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+            mp.setattr("metricsync._record._convert.HOST_DEVICE_TYPES", frozenset())
         for name, kind, seed in records:
             value = _value(kind, np.random.default_rng(seed))
             twin = _value(kind, np.random.default_rng(seed))  # a fresh one (graphs, views)

@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-import metricsync._algebra as al
-import metricsync._store as store_module
-from metricsync._pending import StampedBuffer
+import metricsync._record._store as store_module
+import metricsync._state._algebra as al
+from metricsync._record._pending import StampedBuffer
 
 torch = pytest.importorskip("torch")
 
@@ -112,7 +112,7 @@ def test_every_observation_equals_a_fresh_replay(program: list[tuple]) -> None:
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """A list that gains an item at each call of ``metricsync._store``'s ``name``."""
+    """A list that gains an item at each call of ``metricsync._record._store``'s ``name``."""
     calls: list[int] = []
     real = getattr(store_module, name)
 
@@ -149,7 +149,7 @@ def test_names_and_compute_share_a_fold_with_device_records(
     """``names`` reads no device, so it folds without device states. Once ``compute()``
     has kept a fold with them, ``names`` reads that one (device slots count either way)
     rather than folding again and evicting it."""
-    import metricsync._convert as convert
+    import metricsync._record._convert as convert
 
     fresh = ms.Metrics(SPECS)  # the oracle: the same records on the host path
     for args in (("a", 1.0), ("b", [2.0, float("nan")]), ("d", float("nan"))):

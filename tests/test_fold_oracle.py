@@ -10,9 +10,9 @@ import pytest
 from _compare import assert_same
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync._fold import Batch, fold
-from metricsync._stats import Plan, compute
+from metricsync._record._fold import Batch, fold
+from metricsync._state import _algebra as al
+from metricsync._state._stats import Plan, compute
 
 STATS = ms.Spec(("mean", "sum", "count", "min", "max", "last", "var", "std"), ddof=0)
 

@@ -1,4 +1,4 @@
-"""What a fold asks of each slot's spec (``_fold.spec_info``), cached and extended as a
+"""What a fold asks of each slot's spec (``_specinfo.spec_info``), cached and extended as a
 table grows, and what a fold leaves in the columns a slot's spec does not carry."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync._fold import SpecInfo, spec_info
+from metricsync._state import _algebra as al
+from metricsync._state._specinfo import SpecInfo, spec_info
 
 POOL = [
     ms.Spec("mean"),
@@ -75,7 +75,7 @@ def test_a_table_of_the_same_names_and_specs_takes_the_latest_plan() -> None:
     """A ``Metrics`` made anew each step: its table, made by the same changes, has the
     same token and takes the plan the last one built; a table whose last spec differs gets
     its own, with its own keys."""
-    from metricsync._table import StateTable
+    from metricsync._state._table import StateTable
 
     names = [f"m{i}" for i in range(12)]
     specs = [POOL[i % len(POOL)] for i in range(12)]

@@ -1,4 +1,4 @@
-"""Tests of metricsync._formatting: fixed formats, the adaptive format, lines."""
+"""Tests of metricsync._state._formatting: fixed formats, the adaptive format, lines."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from metricsync._formatting import check_fmt, format_line, format_value
+from metricsync._state._formatting import check_fmt, format_line, format_value
 
 
 @pytest.mark.parametrize(

@@ -37,9 +37,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-import metricsync._convert
-import metricsync._stats
-from metricsync._spec import MAX_FMT_NUMBER, MAX_STATS
+import metricsync._record._convert
+import metricsync._state._stats
+from metricsync._state._spec import MAX_FMT_NUMBER, MAX_STATS
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
@@ -92,14 +92,14 @@ def test_spec_limits_name_themselves() -> None:
 def quantiles_queried() -> Iterator[list[int]]:
     """Count the (sketch, quantile) pairs compute() asks the sketch for."""
     asked = [0]
-    original = metricsync._stats.query
+    original = metricsync._state._stats.query
 
     def counting(layout: Any, cells: Any, qs: Any, *args: Any, **kwargs: Any) -> Any:
         asked[0] += int(np.asarray(cells).reshape(-1, layout.n_cells).shape[0]) * len(qs)
         return original(layout, cells, qs, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(metricsync._stats, "query", counting)
+        mp.setattr(metricsync._state._stats, "query", counting)
         yield asked
 
 
@@ -142,7 +142,7 @@ def test_compute_and_format_of_a_decoded_blob_are_bounded_by_its_size(accuracy: 
 
 
 def _cells(accuracy: float) -> int:
-    from metricsync._sketch import sketch_layout
+    from metricsync._state._sketch import sketch_layout
 
     return int(sketch_layout(accuracy).n_cells)
 
@@ -183,7 +183,7 @@ def test_any_format_spec_spec_accepts_writes_a_bounded_number(pieces: tuple[str,
 def device_path(on: bool) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         if on:
-            mp.setattr(metricsync._convert, "HOST_DEVICE_TYPES", frozenset())
+            mp.setattr(metricsync._record._convert, "HOST_DEVICE_TYPES", frozenset())
         yield
 
 
@@ -327,7 +327,7 @@ GLOB_TEXT = st.text(alphabet="ab/*?[]!x", min_size=1, max_size=6)
 def test_glob_resolution_is_the_longest_matching_pattern(
     patterns: list[str], names: list[str]
 ) -> None:
-    from metricsync._rules import SpecTable
+    from metricsync._state._rules import SpecTable
 
     globs = [p for p in patterns if SpecTable.is_glob(p)]
     specs = {p: ms.Spec("max", fmt=f".{i}f") for i, p in enumerate(globs)}
@@ -343,7 +343,7 @@ def test_glob_resolution_is_the_longest_matching_pattern(
 
 
 def test_glob_resolution_past_the_memo_bound_stays_right(monkeypatch: pytest.MonkeyPatch) -> None:
-    import metricsync._rules as rules
+    import metricsync._state._rules as rules
 
     monkeypatch.setattr(rules, "_MEMO_LIMIT", 3)
     index = rules._GlobIndex({"a/*": ms.Spec("max"), "a/b*": ms.Spec("sum")})
@@ -358,7 +358,7 @@ def test_glob_resolution_past_the_memo_bound_stays_right(monkeypatch: pytest.Mon
 
 
 def test_tables_of_the_same_globs_with_other_specs_resolve_apart() -> None:
-    from metricsync._rules import SpecTable
+    from metricsync._state._rules import SpecTable
 
     one = SpecTable({"t/*": ms.Spec("max"), "u/*": ms.Spec("sum")})
     two = SpecTable({"t/*": ms.Spec("sum"), "u/*": ms.Spec("max")})

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync import _codec as codec
+from metricsync._state import _codec as codec
 
 torch = pytest.importorskip("torch")
 

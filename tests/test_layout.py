@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _placement
-from metricsync._layout import GroupState, Layout, Placement
-from metricsync._placement import place
-from metricsync._table import StateTable
+from metricsync._state._table import StateTable
+from metricsync._sync import _placement
+from metricsync._sync._layout import GroupState, Layout, Placement
+from metricsync._sync._placement import place
 
 SPECS = [
     ms.Spec("mean"),

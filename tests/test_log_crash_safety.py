@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync._logread import read_jsonl
+from metricsync._log._logread import read_jsonl
 from metricsync.backends._jsonl import JsonlBackend
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metricsync._logfile import parse_record
-from metricsync._logread import ReadStats, read_jsonl, read_timeline, scan
-from metricsync._logtail import resume_point, tail
+from metricsync._log._logfile import parse_record
+from metricsync._log._logread import ReadStats, read_jsonl, read_timeline, scan
+from metricsync._log._logtail import resume_point, tail
 from metricsync.backends._jsonl import COMPLETE_EVERY, JsonlBackend
 
 
@@ -244,7 +244,7 @@ class _Sink(io.TextIOBase):
 
 
 def test_showing_a_whole_log_streams_with_bounded_memory(tmp_path: Path) -> None:
-    from metricsync._show import show
+    from metricsync._cli._show import show
 
     small = _write_run(tmp_path / "small", 1_000, 20)
     large = _write_run(tmp_path / "large", 10_000, 20)

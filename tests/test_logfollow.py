@@ -12,9 +12,9 @@ from pathlib import Path
 
 from _cli import follow
 
-from metricsync._logfollow import LogFollower
-from metricsync._logtail import tail
-from metricsync._tracker import Tracker
+from metricsync._log._logfollow import LogFollower
+from metricsync._log._logtail import tail
+from metricsync._tracking._tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 

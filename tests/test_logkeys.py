@@ -18,11 +18,11 @@ from _cli import run
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from metricsync._logfile import parse_record
-from metricsync._logkeys import MAX_KEY_CHARS, clean_key, read_key
-from metricsync._logread import read_jsonl
-from metricsync._logtail import tail
-from metricsync._tracker import Tracker
+from metricsync._log._logfile import parse_record
+from metricsync._log._logkeys import MAX_KEY_CHARS, clean_key, read_key
+from metricsync._log._logread import read_jsonl
+from metricsync._log._logtail import tail
+from metricsync._tracking._tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 SURROGATE = "acc\ud800/top1"
@@ -164,8 +164,8 @@ def test_a_foreign_log_with_a_surrogate_key_reads_with_one_warning(
 
 def test_a_5_mb_key_reads_shortened_and_plots(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from metricsync._plot_data import load_runs
-    from metricsync._plot_draw import TITLE_CHARS, build_figure
+    from metricsync._cli._plot_data import load_runs
+    from metricsync._cli._plot_draw import TITLE_CHARS, build_figure
 
     huge = "k" * 5_000_000
     path = _foreign_log(tmp_path / "m.jsonl", json.dumps(huge), steps=4)

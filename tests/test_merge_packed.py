@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync._fold import spec_info
-from metricsync._layout import Layout
+from metricsync._state import _algebra as al
+from metricsync._state._specinfo import spec_info
+from metricsync._sync._layout import Layout
 
 SPECS = [
     ms.Spec("mean"),
@@ -84,7 +84,7 @@ def test_packed_merge_leaves_its_rows_alone() -> None:
 def test_merging_a_range_of_slots_equals_merging_them_one_gather_at_a_time() -> None:
     # 600 slots in one range take the slice path of merge_state, the same slots shuffled
     # the gather path: both give every slot the pooled count, sum and max of its samples
-    from metricsync._table import StateTable
+    from metricsync._state._table import StateTable
 
     rng = np.random.default_rng(3)
     k = 600

@@ -557,7 +557,7 @@ def test_load_state_dict_rejects_garbage() -> None:
 # -------------------------------------------------------------- formatting
 
 
-formatting = pytest.importorskip("metricsync._formatting")
+formatting = pytest.importorskip("metricsync._state._formatting")
 
 
 def test_format_learning_rate_integers_large_and_nan() -> None:

@@ -1,6 +1,6 @@
 """Pending host samples read out as a batch: every sample once, in its run, at its time.
 
-Found by a mutation sweep of ``metricsync/_pending.py`` and ``metricsync/_runs.py``:
+Found by a mutation sweep of ``metricsync/_record/_pending.py`` and ``metricsync/_record/_runs.py``:
 each test pins a behaviour no other test checked. The oracle is the raw samples
 themselves: a batch's runs, expanded, hold exactly the samples recorded since the
 previous consuming read (each with its weight), under the slot of their name.
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import metricsync._algebra as al
-from metricsync._fold import Batch
-from metricsync._pending import Held, HostPending
-from metricsync._spec import Spec
+import metricsync._state._algebra as al
+from metricsync._record._fold import Batch
+from metricsync._record._pending import Held, HostPending
+from metricsync._state._spec import Spec
 
 INDEX = {"x": 0, "y": 1, "z": 2, "w": 3}
 

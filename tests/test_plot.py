@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from metricsync._plot_data import band, ema, envelope, load_runs, make_panels
-from metricsync._plot_draw import BINS, build_figure
-from metricsync._plotting import plot_runs
-from metricsync._tracker import Tracker
+from metricsync._cli._plot_data import band, ema, envelope, load_runs, make_panels
+from metricsync._cli._plot_draw import BINS, build_figure
+from metricsync._cli._plotting import plot_runs
+from metricsync._tracking._tracker import Tracker
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
@@ -279,7 +279,7 @@ def test_any_family_draws_each_statistic_as_its_legend_entry_shows(
 def test_every_subset_of_a_family_gets_distinct_styles() -> None:
     from itertools import combinations
 
-    from metricsync._plot_styles import stat_styles
+    from metricsync._cli._plot_styles import stat_styles
 
     pool = [*_FAMILY, "p99.9", "std", "sum", "count"]
     for size in range(1, 5):

@@ -16,9 +16,9 @@ import pytest
 from _compare import same
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync._fold import reduce_record
-from metricsync._sketch import ingest_numpy, sketch_layout
+from metricsync._record._fold import reduce_record
+from metricsync._state import _algebra as al
+from metricsync._state._sketch import ingest_numpy, sketch_layout
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
@@ -113,7 +113,7 @@ def test_infinities_merge_decode_and_copy_to_the_same_quantiles(
 def test_the_device_fold_places_infinities_and_counts_as_the_host_fold() -> None:
     """The device fold (here on the CPU) puts +-inf in the same sketch cells as the host,
     and writes the same sample count and squared-weight sum."""
-    from metricsync._device import DeviceState
+    from metricsync._record._device import DeviceState
 
     spec = ms.Spec(("var", "p50"), ddof=1)
     x = np.array([-INF, 1.0, 2.0, INF, 3.0, 0.0])

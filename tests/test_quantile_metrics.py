@@ -11,7 +11,7 @@ import metricsync as ms
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
-pytest.importorskip("metricsync._sketch")
+pytest.importorskip("metricsync._state._sketch")
 
 QS = ("p0", "p1", "p10", "p50", "p90", "p99", "p99.9", "p100")
 

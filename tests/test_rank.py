@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-from metricsync._rank import detect_rank
-from metricsync._tracker import Tracker
+from metricsync._tracking._rank import detect_rank
+from metricsync._tracking._tracker import Tracker
 
 VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LOCAL_RANK")
 

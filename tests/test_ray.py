@@ -21,7 +21,7 @@ import pytest
 from _ray import local_ray
 
 import metricsync as ms
-from metricsync._collect import collect
+from metricsync._facade._collect import collect
 
 ray: Any
 try:
@@ -183,7 +183,7 @@ def test_collect_rejects_other_things() -> None:
 def test_collect_does_not_import_ray_for_plain_metrics() -> None:
     code = (
         "import sys, metricsync as ms\n"
-        "from metricsync._collect import collect\n"
+        "from metricsync._facade._collect import collect\n"
         "m = ms.Metrics(); m.record('x', 1.0)\n"
         "assert collect([m]).compute() == {'x': 1.0}\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
@@ -253,7 +253,7 @@ def test_collect_timeout_raises_sync_error(cluster: Any) -> None:
 @pytest.mark.ray
 @pytest.mark.slow  # gloo groups inside Ray actors: make test-slow (CI) runs it
 def test_dp_groups_inside_ray_sync_then_merge(cluster: Any) -> None:
-    pytest.importorskip("metricsync._sync")
+    pytest.importorskip("metricsync._sync._sync")
     pytest.importorskip("torch.distributed")
     groups, world = 2, 2
     worker_cls = cluster.remote(num_cpus=0.5)(DPWorker)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync._store import Store
+from metricsync._record._store import Store
 
 torch = pytest.importorskip("torch")
 
@@ -125,7 +125,7 @@ def test_every_path_agrees_with_the_others_and_with_numpy(
     for path in ("numbers", "numpy", "tensor", "device"):
         with pytest.MonkeyPatch.context() as mp:
             if path == "device":
-                mp.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+                mp.setattr("metricsync._record._convert.HOST_DEVICE_TYPES", frozenset())
             m = ms.Metrics({"v": spec})
             for x, w, is_mask in records:
                 _record(m, path, x, w, is_mask)
@@ -224,7 +224,7 @@ def test_a_masked_array_keeps_its_samples_buffered_up_to_the_masked_bound(
     """A mask alone on the general path (a numpy array, a name's first tensor) buffers the
     kept samples as a masked CPU tensor's later records do; more than 4,096 are reduced
     when recorded. Counted: the reductions made on arrival."""
-    import metricsync._store as store
+    import metricsync._record._store as store
 
     reduced: list[int] = []
     original = store.reduce_record
@@ -263,7 +263,7 @@ def test_every_host_form_under_one_name_agrees_with_numpy_and_folds_as_few_runs(
     masked tensors mixed under one name, the first record of any form: numpy's statistics
     over the samples, and, but for a ``last`` metric (whose buffer takes numbers only), one
     run a fold for every record of at most 64 samples and one for the larger arrays."""
-    import metricsync._store as store
+    import metricsync._record._store as store
 
     spec = ms.Spec(stats)
     m = ms.Metrics({"v": spec})

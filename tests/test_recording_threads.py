@@ -2,7 +2,7 @@
 
 The lock-free record path appends to the one buffer a name keeps; a fold
 copies each buffer in one call and deletes exactly the numbers the copy held
-(``metricsync._pending``). Here four threads record Python numbers, lists of
+(``metricsync._record._pending``). Here four threads record Python numbers, lists of
 them and weighted numbers (a weight of their own each, so a value paired with
 another thread's weight changes the sum) into the same three names, filling
 the buffers many times over (a fold every 4,096 numbers), while a fifth
@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-import metricsync._metrics as metrics_module
-import metricsync._pending as pending_module
-import metricsync._runs as runs_module
-import metricsync._store as store_module
-from metricsync._pending import HostPending
-from metricsync._spec import Spec
+import metricsync._facade._metrics as metrics_module
+import metricsync._record._pending as pending_module
+import metricsync._record._runs as runs_module
+import metricsync._record._store as store_module
+from metricsync._record._pending import HostPending
+from metricsync._state._spec import Spec
 
 THREADS = 4
 ROUNDS = 6000  # per thread: about 6 folds of each name's buffer

@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import pytest
 
-from metricsync._logread import read_jsonl
-from metricsync._tracker import Tracker
+from metricsync._log._logread import read_jsonl
+from metricsync._tracking._tracker import Tracker
 from metricsync.backends import (
     ENTRY_POINT_GROUP,
     available_backends,

@@ -1,4 +1,4 @@
-"""Tests of metricsync._sketch against independent oracles: numpy sorting, a
+"""Tests of metricsync._state._sketch against independent oracles: numpy sorting, a
 brute-force weighted quantile, the ddsketch package, and exact cell counts."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metricsync._quantile import query
-from metricsync._sketch import (
+from metricsync._state._quantile import query
+from metricsync._state._sketch import (
     MAX_BYTES,
     MAX_MAGNITUDE,
     MIN_MAGNITUDE,
@@ -317,8 +317,8 @@ def test_window_of_the_extremes_holds_the_cell_of_every_sample(
 ) -> None:
     """The window a sync sends (scalar logarithms) covers the cells numpy placed every
     sample in, and stays inside the value-ordered cells."""
-    from metricsync._quantile import window
-    from metricsync._sketch import cells_numpy
+    from metricsync._state._quantile import window
+    from metricsync._state._sketch import cells_numpy
 
     layout = sketch_layout(accuracy)
     x = np.array(values)
@@ -347,7 +347,7 @@ def test_sketches_answered_one_by_one_equal_the_vectorized_answer(
     """``query_sketches`` answers a few sketches with a binary search per quantile and
     many with comparisons over every cell: both give ``query``'s answer, bit for bit
     (weighted or not, up to 8 sketches and past it)."""
-    from metricsync._quantile import query_sketches
+    from metricsync._state._quantile import query_sketches
 
     layout = sketch_layout()
     qs = sorted(set(qs))

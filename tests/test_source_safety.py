@@ -81,13 +81,17 @@ FORBIDDEN_ATTRS = {
 #: itself; and ``testing.count_collectives``, which sizes (dumps, never loads) the
 #: objects a caller hands to the ``*_object*`` collectives.
 ALLOWED = {
-    ("_benchmark.py", "pickle.dumps"),
+    ("_cli/_benchmark.py", "pickle.dumps"),
     ("testing.py", "pickle.dumps"),
-    ("_benchmark.py", "torch.distributed.all_gather_object"),
-    ("_benchmark.py", ".all_gather_object"),
+    ("_cli/_benchmark.py", "torch.distributed.all_gather_object"),
+    ("_cli/_benchmark.py", ".all_gather_object"),
 }
 #: Classes whose pickling is defined by the package (checked on the pickle stream below).
-REDUCERS = {("_metrics.py", "Metrics"), ("_spec.py", "Spec"), ("verl_compat/_metric.py", "Metric")}
+REDUCERS = {
+    ("_facade/_metrics.py", "Metrics"),
+    ("_state/_spec.py", "Spec"),
+    ("verl_compat/_metric.py", "Metric"),
+}
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -150,7 +154,13 @@ def _modules() -> list[Path]:
 
 def test_the_scan_covers_the_whole_package() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in _modules()}
-    assert {"_codec.py", "_sync.py", "_metrics.py", "backends/_jsonl.py", "_cli.py"} <= names
+    assert {
+        "_state/_codec.py",
+        "_sync/_sync.py",
+        "_facade/_metrics.py",
+        "backends/_jsonl.py",
+        "_cli/_cli.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(PACKAGE).as_posix())
@@ -201,8 +211,8 @@ def test_pickles_of_package_objects_hold_only_the_binary_format() -> None:
     m = ms.Metrics({"lr": ms.Spec("last")})
     m.record("lr", 3e-4)
     cases = {
-        "metricsync._metrics._from_bytes": m,
-        "metricsync._spec._spec_from_json": ms.Spec(("mean", "p99"), fmt=".3f"),
+        "metricsync._facade._metrics._from_bytes": m,
+        "metricsync._state._spec._spec_from_json": ms.Spec(("mean", "p99"), fmt=".3f"),
         "metricsync.verl_compat._metric._rebuild": Metric("max", 2.0),
     }
     for reconstructor, obj in cases.items():

@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 import metricsync as ms
-from metricsync._rules import SpecTable
-from metricsync._spec import quantile_of
+from metricsync._state._rules import SpecTable
+from metricsync._state._spec import quantile_of
 
 # ------------------------------------------------------------------ values
 

@@ -219,7 +219,7 @@ class _AppendedMeanwhile(array):  # type: ignore[type-arg,unused-ignore]
 
 
 def test_a_number_appended_while_buffers_are_read_is_counted() -> None:
-    from metricsync._runs import Runs
+    from metricsync._record._runs import Runs
 
     plain = [array("d", [1.0, 2.0]), array("d"), array("d", [3.0])]
     bufs = [*plain[:2], _AppendedMeanwhile("d", [3.0, 4.0, 5.0])]

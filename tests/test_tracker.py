@@ -1,4 +1,4 @@
-"""Tests of metricsync._tracker, the console and JSONL backends, and metricsync._logfile."""
+"""Tests of metricsync._tracking._tracker, the console and JSONL backends, and metricsync._log._logfile."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metricsync._logread import read_jsonl
-from metricsync._tracker import Tracker, detect_rank
+from metricsync._log._logread import read_jsonl
+from metricsync._tracking._tracker import Tracker, detect_rank
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
@@ -370,7 +370,7 @@ def test_a_sigkill_leaves_every_earlier_step_readable(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        from metricsync._tracker import Tracker
+        from metricsync._tracking._tracker import Tracker
         tracker = Tracker(run_dir={str(tmp_path)!r})
         step = 0
         while True:

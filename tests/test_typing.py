@@ -80,4 +80,7 @@ def test_mypy_reports_wrong_arguments_and_types_sync(tmp_path: Path) -> None:
     wanted = [i + 1 for i, line in enumerate(lines) if "# E:" in line]
     assert errors == wanted, out
     revealed = re.findall(r'Revealed type is "([^"]+)"', out)
-    assert revealed == ["metricsync._metrics.Metrics", "metricsync._async.SyncHandle"], out
+    assert revealed == [
+        "metricsync._facade._metrics.Metrics",
+        "metricsync._sync._async.SyncHandle",
+    ], out

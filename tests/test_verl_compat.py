@@ -190,7 +190,7 @@ def no_item(monkeypatch: pytest.MonkeyPatch) -> None:
     # verl reads every appended tensor with .item(); float()/int() would do the same.
     # CPU tensors are host memory that metricsync reads like numpy data, so CPU
     # plays the accelerator here.
-    monkeypatch.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+    monkeypatch.setattr("metricsync._record._convert.HOST_DEVICE_TYPES", frozenset())
     for name in ("item", "tolist", "__float__", "__int__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, forbidden)
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import metricsync as ms
-from metricsync import _algebra as al
-from metricsync import _codec as codec
+from metricsync._state import _algebra as al
+from metricsync._state import _codec as codec
 
 torch = pytest.importorskip("torch")  # the numpy-only test matrix has no torch
 
@@ -142,7 +142,7 @@ def test_the_device_fold_gives_the_host_numbers(
     for name in specs:
         for part in np.array_split(np.arange(302), 5):
             host.record(name, x[part], weight=w[part])
-    monkeypatch.setattr("metricsync._convert.HOST_DEVICE_TYPES", frozenset())
+    monkeypatch.setattr("metricsync._record._convert.HOST_DEVICE_TYPES", frozenset())
     device = ms.Metrics(specs)
     for name in specs:
         for part in np.array_split(np.arange(302), 5):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from .._histogram import Histogram
+    from .._state._histogram import Histogram
 
 __all__ = ["MAX_BUCKETS", "bounded_buckets", "histogram_key", "histogram_rows"]
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from .._formatting import format_value
+from .._state._formatting import format_value
 
 __all__ = ["DEFAULT_WIDTH", "ConsoleBackend", "add_log_handler"]
 

@@ -1,6 +1,6 @@
 """The ``jsonl`` backend: ``run_dir/metrics.jsonl``, one strict JSON object per line.
 
-The record layout is described in :mod:`metricsync._logfile`. Every step is
+The record layout is described in :mod:`metricsync._log._logfile`. Every step is
 written with one unbuffered ``os.write`` of complete lines (header and step
 record together), so a process killed at any moment leaves every earlier
 step intact; ``fsync=True`` also survives a power loss. A failed write is cut
@@ -37,9 +37,9 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from .._formatting import check_fmt
-from .._logfile import LOG_NAME, header_record, step_record
-from .._logtail import resume_point
+from .._log._logfile import LOG_NAME, header_record, step_record
+from .._log._logtail import resume_point
+from .._state._formatting import check_fmt
 
 __all__ = ["COMPLETE_EVERY", "JsonlBackend"]
 
@@ -53,11 +53,11 @@ class JsonlBackend:
     ``last_step`` is the step of the last record in the file (None when there
     is none yet); the tracker uses it to warn about steps going backwards.
     A format that readers would reject (see
-    :func:`~metricsync._formatting.check_fmt`) is written as adaptive (null),
+    :func:`~metricsync._state._formatting.check_fmt`) is written as adaptive (null),
     with a warning.
 
     >>> import tempfile
-    >>> from metricsync._logread import read_jsonl
+    >>> from metricsync._log._logread import read_jsonl
     >>> run_dir = tempfile.mkdtemp()
     >>> for step in (1, 2):
     ...     backend = JsonlBackend(run_dir)   # the second one resumes the file

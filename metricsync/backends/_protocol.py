@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .._histogram import Histogram
+    from .._state._histogram import Histogram
 
 __all__ = ["Backend", "HistogramBackend", "missing_package"]
 

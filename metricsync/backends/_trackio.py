@@ -23,7 +23,7 @@ from ._config import as_config
 from ._protocol import missing_package
 
 if TYPE_CHECKING:
-    from .._histogram import Histogram
+    from .._state._histogram import Histogram
 
 __all__ = ["TrackioBackend"]
 

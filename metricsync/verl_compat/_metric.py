@@ -9,7 +9,7 @@ import numpy as np
 
 import metricsync as ms
 
-from .. import _convert
+from .._record import _convert
 from ._aggregation import SPECS, AggregationType, aggregation_type
 from ._mixed import MixedMetricError, is_switched, is_verl_metric, refuse_verl_metric
 

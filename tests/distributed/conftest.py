@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from metricsync._allreduce import ENV
+from metricsync._sync._allreduce import ENV
 
 
 @pytest.fixture(params=["gather", pytest.param("reduce", marks=pytest.mark.slow)])

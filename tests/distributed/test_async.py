@@ -35,7 +35,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
-from metricsync._logread import read_jsonl  # noqa: E402
+from metricsync._log._logread import read_jsonl  # noqa: E402
 from metricsync.testing import run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed

@@ -29,8 +29,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import metricsync as ms  # noqa: E402
-from metricsync._async import SyncHandle, _running_worker  # noqa: E402
-from metricsync._pending import FAST_LIMIT  # noqa: E402
+from metricsync._record._pending import FAST_LIMIT  # noqa: E402
+from metricsync._sync._async import SyncHandle, _running_worker  # noqa: E402
 from metricsync.testing import run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -149,9 +149,9 @@ def test_every_sample_lands_in_exactly_one_sync() -> None:
 
 
 def _devices(rank: int, world: int) -> list[str]:
-    import metricsync._convert
+    import metricsync._record._convert
 
-    metricsync._convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors as accelerator ones
+    metricsync._record._convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors as accelerator ones
     m = ms.Metrics({"d": ms.Spec(("sum", "count", "max", "p50")), "h": ms.Spec("sum")})
     m.record("d", torch.arange(4.0) + 10 * rank)
     m.record("h", 1.0)
@@ -190,7 +190,7 @@ def test_device_states_are_taken_at_the_call_and_errors_reach_every_rank() -> No
 
 
 def _failing_fold(rank: int, world: int) -> list[str]:
-    from metricsync._store import Store
+    from metricsync._record._store import Store
 
     m = ms.Metrics()
     m.record("x", float(rank))

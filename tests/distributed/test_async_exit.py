@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from metricsync._logread import read_jsonl
+from metricsync._log._logread import read_jsonl
 from metricsync.testing import free_port
 
 # ranks that die, hang or time out: minutes of waiting, so make test-slow (CI) runs them

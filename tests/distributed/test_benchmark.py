@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from metricsync._baselines import olmo_core_reduce
+from metricsync._cli._baselines import olmo_core_reduce
 from metricsync.testing import count_collectives, run_distributed
 
 pytestmark = pytest.mark.distributed

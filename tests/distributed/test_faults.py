@@ -79,14 +79,14 @@ def _exit_before_sync(rank: int, world: int) -> Any:
 
 
 def _exit_mid_sync(rank: int, world: int) -> Any:
-    import metricsync._comm
+    import metricsync._sync._comm
 
     m = ms.Metrics({"q": ms.Spec(("p50", "mean"))})
     m.record("q", np.arange(100.0) * (rank + 1))
     m.sync(timeout=TIMEOUT)
     m.record(f"new/{rank}", 1.0)  # new names: the next sync agrees on them in three gathers
     if rank == 1:  # dies after the first collective (a gather or a reduce), mid-sync
-        comm = metricsync._comm.Comm
+        comm = metricsync._sync._comm.Comm
         gather, reduce = comm.all_gather, comm.all_reduce
         calls = []
 
@@ -157,7 +157,7 @@ def test_a_rank_that_never_syncs_or_fails_makes_the_others_raise_in_time() -> No
 
 
 def _nan_and_conflicts(rank: int, world: int) -> list[str]:
-    import metricsync._convert
+    import metricsync._record._convert
 
     done = []
     finite = [1.0 + rank, 2.0 * rank]
@@ -188,7 +188,9 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
     done.append("nan policies")
 
     # a device record under nan="error" fails at sync: on its rank ValueError, elsewhere SyncError
-    metricsync._convert.HOST_DEVICE_TYPES = frozenset()  # treat CPU tensors as accelerator ones
+    metricsync._record._convert.HOST_DEVICE_TYPES = (
+        frozenset()
+    )  # treat CPU tensors as accelerator ones
     try:
         d = ms.Metrics(specs)
         d.record("e", torch.tensor([1.0, math.nan] if rank == 1 else [1.0]))
@@ -196,7 +198,7 @@ def _nan_and_conflicts(rank: int, world: int) -> list[str]:
         with pytest.raises(expected, match="'e'" if rank == 1 else "another rank"):
             d.sync(timeout=30)
     finally:
-        metricsync._convert.HOST_DEVICE_TYPES = frozenset({"cpu"})
+        metricsync._record._convert.HOST_DEVICE_TYPES = frozenset({"cpu"})
     done.append("device error")
 
     conflicts = {
@@ -429,17 +431,17 @@ def _scenarios(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
 def _scenarios_on_torch_ops(rank: int, world: int, count: int, seed0: int) -> dict[str, int]:
     """The scenarios through sync's accelerator path (device states, buffers moved as for
     NCCL), on CPU."""
-    import metricsync._comm
-    import metricsync._convert
+    import metricsync._record._convert
+    import metricsync._sync._comm
 
-    original = metricsync._comm.Comm.__init__
+    original = metricsync._sync._comm.Comm.__init__
 
     def device_path(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         self.host = False
 
-    metricsync._comm.Comm.__init__ = device_path  # type: ignore[method-assign]
-    metricsync._convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors as accelerator ones
+    metricsync._sync._comm.Comm.__init__ = device_path  # type: ignore[method-assign]
+    metricsync._record._convert.HOST_DEVICE_TYPES = frozenset()  # CPU tensors as accelerator ones
     return _scenarios(rank, world, count, seed0)
 
 

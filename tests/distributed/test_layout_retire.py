@@ -22,9 +22,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
-from metricsync._allreduce import ENV  # noqa: E402
-from metricsync._group import resolve  # noqa: E402
-from metricsync._retire import RETIRE_AFTER  # noqa: E402
+from metricsync._sync._allreduce import ENV  # noqa: E402
+from metricsync._sync._group import resolve  # noqa: E402
+from metricsync._sync._retire import RETIRE_AFTER  # noqa: E402
 from metricsync.testing import count_collectives, run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed

@@ -265,11 +265,11 @@ def test_missing_rank_raises_sync_error_within_timeout() -> None:
 
 
 def _bad_device_record(rank: int, world: int) -> str:
-    import metricsync._convert
+    import metricsync._record._convert
 
     # CPU tensors are host data and are checked at record; pretend this one is a GPU
     # tensor so its check is deferred to the sync, as it is for accelerator tensors.
-    metricsync._convert.HOST_DEVICE_TYPES = ()
+    metricsync._record._convert.HOST_DEVICE_TYPES = ()
     m = ms.Metrics()
     m.record("ok", 1.0)
     if rank == 1:
@@ -347,7 +347,7 @@ def test_a_group_of_one_rank_syncs_without_a_collective() -> None:
 
 
 def _gather_kinds(rank: int, world: int) -> list[tuple[dict[str, int], dict[str, float]]]:
-    import metricsync._comm as comm
+    import metricsync._sync._comm as comm
     from metricsync.testing import count_collectives
 
     out = []

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import metricsync as ms  # noqa: E402
-from metricsync._rules import SpecTable  # noqa: E402
+from metricsync._state._rules import SpecTable  # noqa: E402
 from metricsync.testing import count_collectives, run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.distributed

@@ -22,7 +22,7 @@ from _compare import same
 pytest.importorskip("torch")
 
 import metricsync as ms
-from metricsync._allreduce import ENV, received_bytes, wire_bytes
+from metricsync._sync._allreduce import ENV, received_bytes, wire_bytes
 from metricsync.testing import count_collectives, run_distributed
 
 pytestmark = pytest.mark.distributed

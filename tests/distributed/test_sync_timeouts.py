@@ -41,7 +41,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import metricsync as ms  # noqa: E402
-from metricsync._allreduce import ENV  # noqa: E402
+from metricsync._sync._allreduce import ENV  # noqa: E402
 from metricsync.testing import RankFailure, free_port, run_distributed  # noqa: E402
 
 # ranks that die, hang or time out: minutes of waiting, so make test-slow (CI) runs them

@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
-from metricsync import _algebra as state
-from metricsync import _codec as codec
-from metricsync._sketch import sketch_layout
+from metricsync._state import _algebra as state
+from metricsync._state import _codec as codec
+from metricsync._state._sketch import sketch_layout
 
 HEAD = codec.HEAD
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -403,7 +403,7 @@ def test_quantile_slots_need_their_sketch_bytes_before_anything_is_allocated() -
 
 def test_many_glob_rules_decode_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Globs are sorted once per decode, not once per rule (which was quadratic)."""
-    from metricsync._rules import SpecTable
+    from metricsync._state._rules import SpecTable
 
     sorts: list[int] = []
     original = SpecTable._sort_globs

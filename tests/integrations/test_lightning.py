@@ -293,7 +293,7 @@ class Logged(Tiny):
 def test_callback_rows_and_self_log_rows_share_the_loggers_steps(
     tmp_path: pytest.TempPathFactory,
 ) -> None:
-    from metricsync._logread import read_timeline, scan
+    from metricsync._log._logread import read_timeline, scan
 
     logger = MetricsyncLogger(backends=("jsonl",), run_dir=str(tmp_path / "ms"))
     trainer = _trainer(str(tmp_path), [MetricsyncCallback()], logger=logger, log_every_n_steps=2)

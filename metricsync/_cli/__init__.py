@@ -1,0 +1,2 @@
+"""The ``metricsync`` command line: show, compare, plot, demo and bench, a program
+built on the public API."""
