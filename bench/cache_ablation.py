@@ -24,7 +24,7 @@ import step as rl
 import torch.distributed as dist
 
 import metricsync as ms
-from metricsync import _codec, _fold, _sketch, _spec, _store, _sync, _table, _tokens
+from metricsync import _codec, _fold, _sketch, _spec, _store, _table, _tokens
 from metricsync._benchmark import _specs
 
 Case = Callable[[], dict[str, float]]
@@ -57,7 +57,6 @@ CACHES: dict[str, tuple[Any, str]] = {
     "_spec._CANONICAL": (_spec, "_CANONICAL"),
     "_tokens._DERIVED": (_tokens, "_DERIVED"),
     "_sketch._layout": (_sketch._layout, "cache"),
-    "_sync._OTHERWISE": (_sync, "_OTHERWISE"),  # none of these cases reads it (see its test)
 }
 
 
