@@ -24,7 +24,7 @@ import step as rl
 import torch.distributed as dist
 
 import metricsync as ms
-from metricsync import _codec, _fold, _sketch, _spec, _store, _table, _tokens
+from metricsync import _codec, _sketch, _spec, _store, _tokens
 from metricsync._benchmark import _specs
 
 Case = Callable[[], dict[str, float]]
@@ -52,8 +52,7 @@ class NoCache:
 CACHES: dict[str, tuple[Any, str]] = {
     "_codec._HEADERS": (_codec, "_HEADERS"),
     "_store._AGREED": (_store, "_AGREED"),
-    "_table._PLANS": (_table, "_PLANS"),
-    "_fold._INFO": (_fold, "_INFO"),
+    "_tokens._KEPT": (_tokens, "_KEPT"),
     "_spec._CANONICAL": (_spec, "_CANONICAL"),
     "_tokens._DERIVED": (_tokens, "_DERIVED"),
     "_sketch._layout": (_sketch._layout, "cache"),

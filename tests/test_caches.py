@@ -29,7 +29,7 @@ REGISTRIES = {
     "_dispatch": {"ROUTES"},  # not a cache: torch's tensor class, registered once when seen
 }
 #: the most module-level LRUs (derived-value caches) the package may hold
-CACHE_BUDGET = 7
+CACHE_BUDGET = 6
 
 _DICT_CALLS = {"dict", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary"}
 _WRITES = {"setdefault", "update", "__setitem__", "add"}
