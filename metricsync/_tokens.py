@@ -24,6 +24,7 @@ __all__ = [
     "Kept",
     "derived",
     "kept",
+    "kept_if_any",
     "latest_kept",
     "remember",
     "slot_token",
