@@ -25,9 +25,8 @@ import torch.distributed as dist
 
 import metricsync as ms
 from metricsync._cli._benchmark import _specs
-from metricsync._record import _fold, _store
-from metricsync._state import _codec, _sketch, _spec, _table, _tokens
-from metricsync._sync import _sync
+from metricsync._record import _store
+from metricsync._state import _codec, _sketch, _spec, _tokens
 
 Case = Callable[[], dict[str, float]]
 
@@ -54,12 +53,10 @@ class NoCache:
 CACHES: dict[str, tuple[Any, str]] = {
     "_codec._HEADERS": (_codec, "_HEADERS"),
     "_store._AGREED": (_store, "_AGREED"),
-    "_table._PLANS": (_table, "_PLANS"),
-    "_fold._INFO": (_fold, "_INFO"),
+    "_tokens._KEPT": (_tokens, "_KEPT"),
     "_spec._CANONICAL": (_spec, "_CANONICAL"),
     "_tokens._DERIVED": (_tokens, "_DERIVED"),
     "_sketch._layout": (_sketch._layout, "cache"),
-    "_sync._OTHERWISE": (_sync, "_OTHERWISE"),  # none of these cases reads it (see its test)
 }
 
 

@@ -29,7 +29,7 @@ REGISTRIES = {
     "_dispatch": {"ROUTES"},  # not a cache: torch's tensor class, registered once when seen
 }
 #: the most module-level LRUs (derived-value caches) the package may hold
-CACHE_BUDGET = 8
+CACHE_BUDGET = 6
 
 _DICT_CALLS = {"dict", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary"}
 _WRITES = {"setdefault", "update", "__setitem__", "add"}
@@ -205,3 +205,22 @@ def test_distinct_sketch_accuracies_leave_the_caches_at_their_bound() -> None:
     caches = _live_caches()
     assert caches["_sketch._layout"][1] == 32
     assert all(entries <= bound for entries, bound in caches.values()), caches
+
+
+def test_a_group_keeps_the_rule_answers_of_its_latest_syncs_only() -> None:
+    """A large ``Metrics`` synced in turn with small ones of ever new rules (each lacking
+    its names, so its rules are answered for the whole layout): the group keeps the
+    answers of its latest few syncs, not one per rule set seen."""
+    from metricsync._sync import _group, _sync
+
+    train = ms.Metrics({"train/*": ms.Spec("max")})
+    for i in range(200):
+        train.record(f"train/{i}", float(i))
+    kept = []
+    for j in range(20):
+        train.sync()
+        val = ms.Metrics({f"v{j}/*": ms.Spec("max")})
+        val.record(f"v{j}/a", 1.0)
+        assert val.sync().compute() == {f"v{j}/a": 1.0}
+        kept.append(len(_group.alone().state.otherwise))
+    assert 0 < max(kept) <= _sync._KEPT_OTHERWISE, kept

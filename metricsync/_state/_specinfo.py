@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _algebra as al
-from ._lru import LRU
 from ._spec import Spec
+from ._tokens import kept, kept_if_any, latest_kept
 
 __all__ = ["SpecInfo", "spec_info"]
 
@@ -40,13 +40,11 @@ class SpecInfo:
         self.need = set(np.flatnonzero(self.carried.any(axis=1)).tolist())
 
 
-_INFO: LRU[object, SpecInfo] = LRU(16)  # a bound: the spec lists of the latest tables
-
-
 def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
-    """The :class:`SpecInfo` of ``specs``, cached by ``key`` (an object that stands for
-    exactly these specs, as a table's token does) or else by the identity of each spec:
-    a table's spec list changes rarely, and is read at every fold.
+    """The :class:`SpecInfo` of ``specs``, kept by ``key`` (an object that stands for
+    exactly these specs, as a table's token does: see :func:`metricsync._tokens.kept`)
+    or else by the identity of each spec: a table's spec list changes rarely, and is
+    read at every fold.
 
     >>> spec_info([Spec("max"), Spec(("mean", "p50"), nan="ignore")]).ignore.tolist()
     [False, True]
@@ -54,17 +52,20 @@ def spec_info(specs: Sequence[Spec], key: object = None) -> SpecInfo:
     by_id = key is None
     if by_id:
         key = tuple(map(id, specs))
-    info = _INFO.get(key)
+    entry = kept_if_any(key)
+    info = None if entry is None else entry.info
     if info is None:
-        # a table gains names at its end: the latest info is most often a prefix of these
-        latest = _INFO.latest()
-        if latest is not None and not (
-            len(latest.keep) <= len(specs) and latest.keep == tuple(specs[: len(latest.keep)])
+        # a table gains names at its end: what was kept last most often holds a prefix
+        latest = latest_kept()
+        entry = kept(key)
+        before = None if latest is None or latest is entry else latest.info
+        if before is not None and not (
+            len(before.keep) <= len(specs) and before.keep == tuple(specs[: len(before.keep)])
         ):
-            latest = None
-        if latest is not None and len(latest.keep) == len(specs) and not by_id:
-            info = latest  # the same specs, nothing to add (by id, it must keep these ones)
+            before = None
+        if before is not None and len(before.keep) == len(specs) and not by_id:
+            info = before  # the same specs, nothing to add (by id, it must keep these ones)
         else:
-            info = SpecInfo(specs, latest)
-        info = _INFO.setdefault(key, info)  # folds run on several threads (async syncs)
+            info = SpecInfo(specs, before)
+        entry.info = info  # folds run on several threads (async syncs): either is right
     return info

@@ -23,12 +23,11 @@ import numpy as np
 from ._across import AGG_IDENTITY, empty_aggregate, fold_rank, merge_aggregates
 from ._algebra import DROP, IDENTITY, MAX, NEGMIN, S, W, identity, merge
 from ._errors import SpecMismatchError
-from ._lru import LRU
 from ._sketch import sketch_layout
 from ._spec import Spec, canonical
 from ._specinfo import spec_info
 from ._stats import Plan, compute, local_values
-from ._tokens import EMPTY_TABLE, slot_token
+from ._tokens import EMPTY_TABLE, kept, slot_token
 
 __all__ = ["Parts", "StateTable", "identity"]
 
@@ -47,9 +46,6 @@ class Parts:
     blank: bool = False  # every column holds the identity state
     token: object | None = None  # the token of the table these names come from
     complete: bool = False  # sketches and aggs hold every slot whose spec needs one
-
-
-_PLANS: LRU[object, Plan] = LRU(8)  # table token -> the Plan of its names and specs
 
 
 class StateTable:
@@ -355,10 +351,11 @@ class StateTable:
         build it once between them)."""
         plan = self._current_plan()
         if plan is None:
-            plan = _PLANS.get(self.token)
+            shared = kept(self.token)
+            plan = shared.plan
             if plan is None or plan.n != len(self.names):
                 plan = Plan(self.names, self.specs)
-                _PLANS.put(self.token, plan)  # copies are read on several threads (async syncs)
+                shared.plan = plan  # copies are read on several threads (async syncs)
             self._plan = plan
         return plan
 

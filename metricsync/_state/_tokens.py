@@ -15,7 +15,17 @@ from typing import Any, TypeVar
 
 from ._lru import LRU
 
-__all__ = ["EMPTY_TABLE", "derived", "remember", "slot_token", "token_of"]
+__all__ = [
+    "EMPTY_TABLE",
+    "Kept",
+    "derived",
+    "kept",
+    "kept_if_any",
+    "latest_kept",
+    "remember",
+    "slot_token",
+    "token_of",
+]
 
 V = TypeVar("V")
 
@@ -46,6 +56,40 @@ def remember(kept: dict[Any, V], key: Any, value: V, bound: int) -> V:
     if len(kept) >= bound:
         kept.clear()
     return kept.setdefault(key, value)
+
+
+class Kept:
+    """What the tables of one token share, each part worked out when first asked: the
+    fold's ``SpecInfo`` of their specs (:mod:`metricsync._state._specinfo`) and the output
+    ``Plan`` of their names and specs (:mod:`metricsync._state._stats`); typed ``Any``
+    here, as this module sits below both."""
+
+    __slots__ = ("info", "plan")
+
+    def __init__(self) -> None:
+        self.info: Any = None
+        self.plan: Any = None
+
+
+#: table token (or a key that stands for exactly some specs) -> what its tables share
+#: (a bound: the tables of the latest tokens)
+_KEPT: LRU[object, Kept] = LRU(16)
+
+
+def kept(token: object) -> Kept:
+    """What the tables of ``token`` share (nothing yet, the first time it is asked)."""
+    found = _KEPT.get(token)
+    return _KEPT.setdefault(token, Kept()) if found is None else found
+
+
+def kept_if_any(token: object) -> Kept | None:
+    """What the tables of ``token`` share, if anything was kept for it."""
+    return _KEPT.get(token)
+
+
+def latest_kept() -> Kept | None:
+    """What was kept for the token asked last, or None."""
+    return _KEPT.latest()
 
 
 EMPTY_TABLE = object()  #: the token of every state table without slots

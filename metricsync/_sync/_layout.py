@@ -267,6 +267,9 @@ class GroupState:
     windows: dict[tuple[str, Spec], Window] = field(default_factory=dict)
     # (table token, layout fingerprint) -> where a table's slots sit in the layout
     placed: dict[tuple[object, int], Placement] = field(default_factory=dict)
+    # (rules token, layout fingerprint) -> per layout position, whether a rule gives it
+    # another spec (see metricsync._sync); the latest few: the Metrics synced in turn here
+    otherwise: dict[tuple[object, int], np.ndarray] = field(default_factory=dict)
     # per position of ``layout`` (that of fingerprint ``held_for``): the last sync number
     # at which some rank held its name (see metricsync._sync._retire)
     held_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

@@ -21,7 +21,6 @@ import numpy as np
 
 from .._record._store import Store
 from .._state._errors import SpecMismatchError, SyncError, with_device_error
-from .._state._lru import LRU
 from .._state._rules import SpecTable
 from .._state._spec import Spec
 from .._state._table import StateTable
@@ -195,7 +194,7 @@ def _open(
     # a rank with entries the layout lacks sends their encoded size ahead of them
     blob = b"" if covered else encode_entries(_new_entries(table, placed))
     # which layout entries this rank holds, and which its rules declare otherwise
-    declared = _declared_otherwise(rules, layout, placed.mine)
+    declared = _declared_otherwise(state, rules, layout, placed.mine)
     flags |= (_DECLARED if declared.any() else 0) | (_FULL if placed.full else 0)
     head = header(
         magic=_MAGIC,
@@ -354,12 +353,15 @@ def _held_by_any(bits: np.ndarray, k: int) -> np.ndarray:
     return np.unpackbits(np.bitwise_or.reduce(rows, axis=0))[:k].astype(bool)
 
 
-def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> np.ndarray:
+def _declared_otherwise(
+    state: GroupState, rules: SpecTable, layout: Layout, mine: np.ndarray
+) -> np.ndarray:
     """Per layout position: this rank holds no slot for it and a rule gives it another spec.
 
     A few such positions are looked up one by one. Many (another ``Metrics``' names on
-    this group) are answered for every position at once, kept per rules and layout, so
-    syncing a small ``Metrics`` in turn with a large one resolves no name again.
+    this group) are answered for every position at once, kept in the group's ``state``
+    per rules and layout, so syncing a small ``Metrics`` in turn with a large one
+    resolves no name again.
     """
     out = np.zeros(len(layout), dtype=bool)
     if rules.empty():
@@ -369,10 +371,13 @@ def _declared_otherwise(rules: SpecTable, layout: Layout, mine: np.ndarray) -> n
         out[missing] = _ruled_otherwise(rules, layout, missing.tolist())
         return out
     key = (rules.token, layout.fingerprint)
-    every = _OTHERWISE.get(key)
+    kept = state.otherwise  # the group's own (its syncs hold its lock)
+    every = kept.pop(key, None)  # put back last: the latest used
     if every is None:
         every = _ruled_otherwise(rules, layout, range(len(layout)))
-        _OTHERWISE.put(key, every)
+        if len(kept) >= _KEPT_OTHERWISE:
+            kept.pop(next(iter(kept)))
+    kept[key] = every
     return every & ~mine
 
 
@@ -387,8 +392,7 @@ def _ruled_otherwise(rules: SpecTable, layout: Layout, positions: Iterable[int])
 
 
 _FEW_MISSING = 64  #: layout positions a rank lacks that _declared_otherwise looks up one by one
-#: (rules token, layout) -> per position (a bound: rules and layouts of the latest syncs)
-_OTHERWISE: LRU[tuple[object, int], np.ndarray] = LRU(16)
+_KEPT_OTHERWISE = 4  #: (rules, layout) answers a group keeps: those of its latest syncs
 
 
 def _uncovered(table: StateTable, layout: Layout) -> int:
