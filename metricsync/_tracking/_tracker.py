@@ -25,8 +25,7 @@ from typing import Any, cast
 from .._sync._async import EXIT_WAIT, SyncHandle, exit_time_left
 from ..backends import Backend, BackendFactory
 from ..backends._config import as_config
-from ._rank import detect_rank
-from ._tracker_parts import (
+from ._backends import (
     as_step,
     backend_entries,
     check_options,
@@ -37,6 +36,7 @@ from ._tracker_parts import (
     select_histograms,
     unwrap,
 )
+from ._rank import detect_rank
 from ._writer import StepWriter, surface_failures
 
 __all__ = ["BackendEntry", "Tracker", "detect_rank", "unwrap"]
