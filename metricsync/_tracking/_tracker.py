@@ -25,18 +25,10 @@ from typing import Any, cast
 from .._sync._async import EXIT_WAIT, SyncHandle, exit_time_left
 from ..backends import Backend, BackendFactory
 from ..backends._config import as_config
+from ._backends import backend_entries, check_options, fan_out, is_backend, make_backend
+from ._histograms import histogram_patterns, select_histograms
 from ._rank import detect_rank
-from ._tracker_parts import (
-    as_step,
-    backend_entries,
-    check_options,
-    fan_out,
-    histogram_patterns,
-    is_backend,
-    make_backend,
-    select_histograms,
-    unwrap,
-)
+from ._values import as_step, unwrap
 from ._writer import StepWriter, surface_failures
 
 __all__ = ["BackendEntry", "Tracker", "detect_rank", "unwrap"]
