@@ -108,7 +108,7 @@ def test_four_threads_recording_the_same_names_while_another_folds(
             m.record("w", value, weight=value)  # a weight of its own: sum of w*v is 10/16ths
 
     def observer() -> None:
-        while not done.is_set():
+        while not done.is_set() or not observed[0]:
             m.compute()
             m.to_bytes()
             m.copy().compute()
@@ -116,7 +116,7 @@ def test_four_threads_recording_the_same_names_while_another_folds(
 
     def folder() -> None:
         block = np.ones(256)
-        while not done.is_set():
+        while not done.is_set() or folding[0] <= 256:  # a count, whatever the scheduling
             m.record("a", block)
             folding[0] += 1
 
