@@ -17,14 +17,13 @@ held fails it (numbers appended between the copy and the deletion are lost).
 
 from __future__ import annotations
 
-import sys
 import threading
 from array import array
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _threads import run_threads, switching_every_microsecond
 
 import metricsync as ms
 import metricsync._facade._metrics as metrics_module
@@ -46,29 +45,8 @@ SPECS = {
 
 @pytest.fixture
 def switch_every_microsecond() -> Iterator[None]:
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
+    with switching_every_microsecond():
         yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-def _run(workers: list[Callable[[], Any]]) -> list[BaseException]:
-    errors: list[BaseException] = []
-
-    def guard(fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # collected and asserted on
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guard, args=(fn,)) for fn in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
 
 
 @pytest.fixture
@@ -122,11 +100,11 @@ def test_four_threads_recording_the_same_names_while_another_folds(
 
     def recorders() -> None:
         try:
-            assert not _run([lambda k=k: recorder(k) for k in range(THREADS)])
+            assert not run_threads([lambda k=k: recorder(k) for k in range(THREADS)])
         finally:
             done.set()
 
-    errors = _run([recorders, observer, folder])
+    errors = run_threads([recorders, observer, folder])
     assert not errors, errors[:3]
     assert observed[0] > 0 and folding[0] > 256
     values = [float(k + 1) for k in range(THREADS)]

@@ -20,11 +20,11 @@ import subprocess
 import sys
 import threading
 from array import array
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _threads import run_threads, switching_every_microsecond
 
 import metricsync as ms
 
@@ -34,30 +34,8 @@ ROUNDS = 3000  # per recording thread; a fold every 4096 numbers of a name
 
 @pytest.fixture
 def switch_every_microsecond() -> Iterator[None]:
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
+    with switching_every_microsecond():
         yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-def _run(workers: list[Callable[[], Any]]) -> list[BaseException]:
-    """Run every worker in its own thread; the exceptions they raised."""
-    errors: list[BaseException] = []
-
-    def guard(fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # collected and asserted on
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guard, args=(fn,)) for fn in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
 
 
 SPECS = {
@@ -110,11 +88,11 @@ def test_records_from_many_threads_while_others_observe_and_merge(
 
     def all_recorders() -> None:
         try:
-            assert not _run(recorders)
+            assert not run_threads(recorders)
         finally:
             done.set()
 
-    errors = _run([all_recorders, observer, observer, merger])
+    errors = run_threads([all_recorders, observer, observer, merger])
     assert not errors, errors[:3]
     assert observed[0] > 0 and merges[0] > 0
 
@@ -159,7 +137,7 @@ def test_reset_from_another_thread_never_raises(switch_every_microsecond: None) 
             resets[0] += 1
             reset_once.set()
 
-    assert not _run([recorder, resetter])
+    assert not run_threads([recorder, resetter])
     assert resets[0] > 0
     # what is left is a whole number of records of each path, never a torn one
     got = m.compute()
