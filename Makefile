@@ -7,7 +7,8 @@ PIP := $(PY) -m pip install --disable-pip-version-check -qq -c constraints.txt
 .PHONY: demo test test-all test-slow test-matrix lock docs lint typecheck bench clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@echo "make: creating the virtual environment .venv (once), then installing into it"
+	@$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.demo-installed: $(PY) pyproject.toml constraints.txt
 	@echo "make demo: installing metricsync with torch and matplotlib into .venv (once)"
