@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 import metricsync as ms
 from metricsync._state._table import StateTable
 from metricsync._sync import _placement
-from metricsync._sync._layout import GroupState, Layout, Placement
+from metricsync._sync._layout import (
+    GroupState,
+    Layout,
+    Placement,
+    decode_entries,
+    encode_entries,
+)
 from metricsync._sync._placement import place
 
 SPECS = [
@@ -172,3 +178,19 @@ def test_a_table_of_the_same_slots_takes_the_cached_placement(
     last = list(held)[-1]
     changed = _table({**held, last: other})
     _same_placement(place(state, changed, layout), place(GroupState(), changed, layout))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=5), st.sampled_from(SPECS)),
+        max_size=6,
+        unique_by=lambda entry: entry[0],
+    )
+)
+def test_any_name_a_metric_takes_survives_the_layout_encoding(
+    entries: list[tuple[str, ms.Spec]],
+) -> None:
+    """Any non-empty str names a metric (NUL and lone surrogates too): the encoding every
+    sync sends its new names in gives them back, else a sync of such a name fails."""
+    assert decode_entries(encode_entries(entries)) == entries

@@ -48,16 +48,21 @@ def encode_entries(entries: Iterable[tuple[str, Spec]]) -> bytes:
     entries = list(entries)
     distinct: dict[Spec, int] = {}
     ids = [distinct.setdefault(spec, len(distinct)) for _, spec in entries]
-    head = json.dumps([[spec.to_json() for spec in distinct], ids], separators=(",", ":"))
-    return (head + "\n" + "\0".join(name for name, _ in entries)).encode()
+    texts = [spec.to_json() for spec in distinct]
+    names = "\0".join(name for name, _ in entries)
+    if names.count("\0") > max(len(entries) - 1, 0):  # a name holds NUL: the names in JSON
+        return json.dumps([texts, ids, [name for name, _ in entries]]).encode()
+    head = json.dumps([texts, ids], separators=(",", ":"))
+    # any str is a metric name: a lone surrogate too (passed through, and back in decode)
+    return (head + "\n" + names).encode("utf-8", "surrogatepass")
 
 
 def decode_entries(blob: bytes) -> list[tuple[str, Spec]]:
     """The pairs of :func:`encode_entries` (``ValueError`` for anything else)."""
-    head, _, names = blob.decode().partition("\n")
-    texts, ids = json.loads(head)
+    head, _, names = blob.decode("utf-8", "surrogatepass").partition("\n")
+    texts, ids, *given = json.loads(head)
     specs = [Spec.from_json(text) for text in texts]
-    listed = names.split("\0") if ids else []
+    listed = given[0] if given else names.split("\0") if ids else []
     if len(listed) != len(ids):
         raise ValueError("layout entries and names differ in number")
     return [(name, specs[i]) for name, i in zip(listed, ids)]

@@ -164,3 +164,28 @@ def test_a_metrics_no_rank_records_into_syncs_to_nothing(world: int) -> None:
     # aggregates), and then SyncError at every later sync on the group
     for got in run_distributed(_nothing_after_another, world):
         assert got == [{}, [], True]
+
+
+ODD = ("a\x00b", "x\ud800")  # a name holding NUL, one holding a lone surrogate
+
+
+def _odd_names(rank: int, world: int) -> tuple[dict[str, float], dict[str, float]]:
+    m = ms.Metrics()
+    m.record("y", float(rank))
+    if rank == 0:  # one rank alone holds them: its peers must not wait on it
+        for i, name in enumerate(ODD):
+            m.record(name, [1.0 + i, 3.0 + i])
+    return m.sync(timeout=20).compute(), m.sync(timeout=20).compute()
+
+
+@pytest.mark.usefixtures("sync_path")
+def test_any_name_record_takes_syncs() -> None:
+    """A name ``record`` and ``compute`` take (NUL, a lone surrogate) syncs, on a group
+    and without one, rather than raising on the rank holding it while its peers wait."""
+    want = {"a\x00b": 2.0, "x\ud800": 3.0, "y": 0.5}
+    for first, second in run_distributed(_odd_names, 2):
+        assert first == second == want
+    m = ms.Metrics()
+    for name in ODD:
+        m.record(name, 2.0)
+    assert m.sync().compute() == m.compute() == {name: 2.0 for name in ODD}
