@@ -176,7 +176,10 @@ def _live_caches() -> dict[str, tuple[int, int]]:
         if not (layer.ispkg and layer.name.startswith("_")):
             continue
         for info in pkgutil.iter_modules([str(PACKAGE / layer.name)]):
-            module = importlib.import_module(f"metricsync.{layer.name}.{info.name}")
+            try:
+                module = importlib.import_module(f"metricsync.{layer.name}.{info.name}")
+            except ModuleNotFoundError:  # needs torch, absent on the numpy-only matrix
+                continue
             for name, value in vars(module).items():
                 if isinstance(value, Cached):
                     value = value.cache
