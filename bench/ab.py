@@ -35,7 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -141,34 +142,40 @@ def compare(cases: dict[str, dict[str, Case]], repeats: int) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
-    parser.add_argument("--repeats", type=int, default=25)
-    parser.add_argument("--metrics", type=int, nargs="+", default=[100, 1000, 10000])
-    args = parser.parse_args()
+@contextmanager
+def one_rank_group() -> Iterator[None]:
+    """A one-rank gloo default group on a free loopback port, destroyed after."""
     with socket.socket() as s:  # a free port on the loopback
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            base = export(args.base, Path(tmp))
-            data = rl.make_data(1, 8)  # an odd rank's (it records the extra names too), shared
-            cases = {"step": {"base": step_case(base, data), "work": step_case(work, data)}}
-            for k in args.metrics:
-                calls = max(1, 5000 // k)
-                cases[f"K={k}"] = {
-                    side: sync_case(ms, k, calls) for side, ms in (("base", base), ("work", work))
-                }
-                cases[f"cycle K={k}"] = {
-                    side: cycle_case(ms, k) for side, ms in (("base", base), ("work", work))
-                }
-            print(f"base {args.base} against the working tree; medians of {args.repeats} repeats")
-            print("\n".join(compare(cases, args.repeats)))
+        yield
     finally:
         dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--metrics", type=int, nargs="+", default=[100, 1000, 10000])
+    args = parser.parse_args()
+    with one_rank_group(), tempfile.TemporaryDirectory() as tmp:
+        base = export(args.base, Path(tmp))
+        data = rl.make_data(1, 8)  # an odd rank's (it records the extra names too), shared
+        cases = {"step": {"base": step_case(base, data), "work": step_case(work, data)}}
+        for k in args.metrics:
+            calls = max(1, 5000 // k)
+            cases[f"K={k}"] = {
+                side: sync_case(ms, k, calls) for side, ms in (("base", base), ("work", work))
+            }
+            cases[f"cycle K={k}"] = {
+                side: cycle_case(ms, k) for side, ms in (("base", base), ("work", work))
+            }
+        print(f"base {args.base} against the working tree; medians of {args.repeats} repeats")
+        print("\n".join(compare(cases, args.repeats)))
 
 
 if __name__ == "__main__":

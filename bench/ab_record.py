@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,20 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from ab import export  # bench/ab.py: the base revision as metricsync_base
 
 HERE = Path(__file__).resolve().parent
-
-
-def export(rev: str, into: Path) -> None:
-    """The package of ``rev`` importable as ``metricsync_base`` (from a copy under ``into``)."""
-    archive = subprocess.run(
-        ["git", "-C", str(HERE.parent), "archive", rev, "metricsync"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    shutil.move(str(into / "metricsync"), str(into / "metricsync_base"))
-    sys.path.insert(0, str(into))
 
 
 def load_record(package: str) -> ModuleType:
@@ -175,8 +162,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        export(args.base, Path(tmp))
-        import metricsync_base as base  # type: ignore[import-not-found]
+        base = export(args.base, Path(tmp))
         import metricsync_base.testing as base_testing  # type: ignore[import-not-found]
 
         import metricsync as work

@@ -12,8 +12,6 @@ Each line gives the median over rounds of the paired ratio (off / on), per quant
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +19,6 @@ from typing import Any
 
 import ab  # bench/ab.py: the step, sync and cycle cases
 import step as rl
-import torch.distributed as dist
 
 import metricsync as ms
 from metricsync._cli._benchmark import _specs
@@ -91,12 +88,7 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help="the caches to switch off (default: all)")
     args = parser.parse_args()
     toggles = {k: v for k, v in CACHES.items() if not args.names or k in args.names}
-    with socket.socket() as s:  # a free port on the loopback
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with ab.one_rank_group():
         data = rl.make_data(1, 8)
         cases = [
             ab.step_case(ms, data),
@@ -121,8 +113,6 @@ def main() -> None:
                         setattr(module, attr, saved)
                 if r >= 2:
                     seen.setdefault(name, []).append(got)
-    finally:
-        dist.destroy_process_group()
     keys = list(seen[None][0])
     on = seen[None]
     print(f"{'cache off':18s} " + " ".join(f"{k:>21s}" for k in keys))
