@@ -20,6 +20,7 @@ from metricsync.integrations.accelerate import MetricsyncTracker, register
 from metricsync.testing import run_distributed
 
 from ._collect import Collect
+from ._launch import as_launched
 
 
 def _jsonl(path: object) -> list[dict[str, object]]:
@@ -91,17 +92,9 @@ NAME_ORDER = ["alpha", "len/mean", "len/max", "zeta"]
 
 def _logged_orders(rank: int, world: int, tmp: str, log_dict: bool) -> list[list[str]]:
     """The key order of each row a real Accelerator logs, on ``world`` processes."""
-    import os
 
     if world > 1:  # the process group run_distributed made: accelerate takes it as it is
-        os.environ.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT="29500",  # unused: the group already exists
-        )
+        as_launched(rank, world, LOCAL_WORLD_SIZE=str(world))
     collect = Collect()
     tracker = MetricsyncTracker(tracker=ms.Tracker(collect, run_dir=f"{tmp}/rank{rank}"))
     accelerator = Accelerator(cpu=True, log_with=tracker)

@@ -26,6 +26,7 @@ from metricsync.integrations.lightning import MetricsyncCallback, MetricsyncLogg
 from metricsync.testing import run_distributed  # noqa: E402
 
 from ._collect import Collect  # noqa: E402
+from ._launch import as_launched  # noqa: E402
 
 KEYS = 12  # per-step keys besides the two below
 
@@ -203,14 +204,7 @@ def _ddp_rank(
     """Lightning DDP on the gloo group run_distributed made (Lightning does not start processes)."""
     import torch.distributed as dist
 
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        NODE_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="29500",  # unused: the group already exists
-    )
+    as_launched(rank, world, NODE_RANK="0")
     count = [0]
     original, original_gather = dist.all_reduce, dist.all_to_all_single  # a gloo sync's gather
 

@@ -31,6 +31,7 @@ from metricsync.integrations.transformers import MetricsyncCallback  # noqa: E40
 from metricsync.testing import run_distributed  # noqa: E402
 
 from ._collect import Collect  # noqa: E402
+from ._launch import as_launched  # noqa: E402
 
 SEQ = 8
 SPECS = {
@@ -239,14 +240,7 @@ class _ManyKeysTrainer(_RecordingTrainer):
 
 def _ddp_rank(rank: int, world: int, out: str) -> tuple[list, dict[int, list[float]], list[int]]:
     """A real Trainer on 2 gloo ranks (the process group run_distributed made is the trainer's)."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="29500",  # unused: the group already exists
-    )
+    as_launched(rank, world, LOCAL_WORLD_SIZE=str(world))
     collect = Collect()
     tracker = ms.Tracker(collect, run_dir=os.path.join(out, "run"))
     callback = _CountingCallback(ms.Metrics({**SPECS, "k/*": ms.Spec("sum")}), tracker, timeout=60)
