@@ -130,11 +130,12 @@ def test_a_name_whose_only_record_changed_holds_nothing() -> None:
 def test_a_change_after_the_fold_changes_nothing() -> None:
     m = ms.Metrics(SPECS)
     with cpu_as_accelerator(ref_limit=2):
+        m.record("x", torch.tensor(1.0))  # a name's first record takes the checked path
         t = torch.tensor(5.0)
-        m.record("x", t)
-        m.record("x", torch.tensor(7.0))  # the second reference folds both
+        m.record("x", t)  # the later ones its lane, without the lock
+        m.record("x", torch.tensor(7.0))  # the lane's second reference folds all three
         t.add_(100.0)
-        assert m.compute()["x/sum"] == 12.0
+        assert m.compute()["x/sum"] == 13.0
 
 
 def test_a_view_into_a_large_live_tensor_keeps_its_value_at_the_record() -> None:
@@ -557,3 +558,53 @@ def test_a_0d_reference_changed_in_place_in_a_large_fold_raises_naming_the_metri
         got = m.compute()
     want = np.array([float(t) for t in kept[:180]])
     assert got["a/sum"] == float(want.sum()) and got["a/count"] == 180.0
+
+
+# --- the lane: 0-d references pended without the store's lock --------------------------
+
+
+def test_a_lane_record_after_an_observation_is_in_the_next_one() -> None:
+    # a lane's append moves no change count: the kept fold must still see it (its key counts
+    # the references the lanes appended), however many the observation dropped or pinned
+    m = ms.Metrics({"x": ms.Spec(("sum", "count"))})
+    with cpu_as_accelerator():
+        m.record("x", torch.tensor(1.0))  # the checked path: the name's lane opens
+        m.record("x", torch.tensor(2.0))  # the lane
+        assert m.compute() == {"x/sum": 3.0, "x/count": 2.0}
+        m.record("x", torch.tensor(4.0))  # the lane alone: no @changing call between
+        assert m.compute() == {"x/sum": 7.0, "x/count": 3.0}
+        assert m.copy().compute() == {"x/sum": 7.0, "x/count": 3.0}
+        m.record("x", torch.tensor(8.0))
+        assert ms.Metrics.from_bytes(m.to_bytes()).compute() == {"x/sum": 15.0, "x/count": 4.0}
+
+
+def test_after_reset_a_name_opens_a_new_lane_and_the_old_one_holds_nothing() -> None:
+    m = ms.Metrics({"x": ms.Spec(("sum", "count"))})
+    with cpu_as_accelerator(ref_limit=3):
+        for v in (1.0, 2.0, 4.0, 8.0):
+            m.record("x", torch.tensor(v))
+        m.reset()
+        for v in (16.0, 32.0, 64.0, 128.0):
+            m.record("x", torch.tensor(v))
+        assert m.compute() == {"x/sum": 240.0, "x/count": 4.0}
+
+
+def test_a_lane_takes_only_what_a_reference_may_hold() -> None:
+    # each refused tensor takes the checked path, which copies it (or refuses it): the
+    # result is the same either way, and nothing is pended twice
+    m = ms.Metrics({"x": ms.Spec(("sum", "count"))})
+    with cpu_as_accelerator():
+        m.record("x", torch.tensor(1.0))
+        big = torch.arange(10_000, dtype=torch.float64)
+        with torch.inference_mode():
+            frozen = torch.tensor(5.0)  # no version counter
+        grad = torch.tensor(7.0, requires_grad=True) * 1.0
+        others = [big[3], frozen, grad, torch.tensor(2, dtype=torch.int32), torch.tensor(True)]
+        lane = m._store.devices.lanes["x"]
+        taken = [lane.take(t) for t in others]
+        assert taken == [False, False, True, True, True]
+        lane.inbox.clear()
+        for t in others:
+            m.record("x", t)
+        assert [t.requires_grad for _, t, *_ in lane.inbox] == [False, False, False]
+        assert m.compute() == {"x/sum": 1.0 + 3.0 + 5.0 + 7.0 + 2.0 + 1.0, "x/count": 6.0}

@@ -2,7 +2,8 @@
 :class:`~metricsync._record._streams.Streams` (only CUDA has other streams; these are the
 branches a GPU would take, with the same code).
 
-- a record made while a side stream is current is copied, not referenced;
+- a record made while a side stream is current is copied, not referenced (a lane, the
+  lock-free path, refuses it);
 - a fold of references taken on the default stream, run on a side stream, first makes
   that stream wait for the default one;
 - the scratch buffer a fold copies 0-d references into is reused only after the
@@ -19,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from metricsync._record._device import BAD_CHANGED, DeviceState  # noqa: E402
+from metricsync._record._device_refs import Lane  # noqa: E402
 from metricsync._record._streams import Streams  # noqa: E402
 from metricsync._state import _algebra as al  # noqa: E402
 from metricsync._state._spec import Spec  # noqa: E402
@@ -110,3 +112,17 @@ def test_the_scratch_buffer_is_reused_after_the_stream_that_read_it_last() -> No
     streams.stream = "default"
     s, w, bad = _sums(state)
     assert (s, w, bad) == ([float(values.sum() + values[:80].sum())], [380.0], 0.0)
+
+
+def test_a_lane_takes_no_reference_while_a_side_stream_is_current() -> None:
+    # the lock-free path of Metrics.record asks the same question as pend_scalar: off the
+    # default stream it refuses, and the checked path copies the tensor
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    lane = Lane(state, row)
+    streams.stream = "side"
+    assert not lane.take(torch.tensor(2.0)) and not state.inbox
+    streams.stream = "default"
+    assert lane.take(torch.tensor(3.0)) and len(state.inbox) == 1
+    assert _sums(state)[:2] == ([4.0], [2.0])

@@ -13,6 +13,10 @@ interpreter switches threads every microsecond. The final counts and sums
 must equal what the threads recorded, exactly: small integers in float64, so
 no rounding. Deleting a whole buffer at a fold instead of the numbers its copy
 held fails it (numbers appended between the copy and the deletion are lost).
+
+0-d accelerator tensors take the same kind of path: an append to their device's
+inbox (``Lane.take``), moved into the pending records under the lock (CPU tensors
+stand in for an accelerator's).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -152,3 +157,79 @@ def test_a_number_appended_between_a_folds_copy_and_its_deletion_folds_next(
     assert second is not None and sorted(second.values.tolist()) == [1.0, 1.0]
     assert second.weights is not None and sorted(second.weights.tolist()) == [1.0, 3.0]
     assert pending.empty()
+
+
+@pytest.mark.parametrize("ref_limit", [1024, 16])
+def test_four_threads_recording_0d_device_tensors_while_another_observes(
+    switch_every_microsecond: None, ref_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 0-d tensors of an accelerator go to their name's lane without the lock: an append to
+    # the device's inbox, which folds (every ``ref_limit``) and observations move under
+    # the lock. CPU tensors stand in for an accelerator's.
+    torch = pytest.importorskip("torch")
+    from metricsync._record import _convert
+    from metricsync._record import _device as device_module
+
+    monkeypatch.setattr(_convert, "HOST_DEVICE_TYPES", frozenset())
+    monkeypatch.setattr(device_module, "REF_LIMIT", ref_limit)
+    m = ms.Metrics({"d": ms.Spec(("sum", "count", "max")), "e": ms.Spec(("sum", "count"))})
+    m.record("d", torch.tensor(0.0))  # the names' lanes open
+    m.record("e", torch.tensor(0.0))
+    rounds = 1500
+    done = threading.Event()
+    observed = [0]
+
+    def recorder(k: int) -> None:
+        values = [torch.tensor(float(k + 1)) for _ in range(8)]  # each recorded many times
+        for i in range(rounds):
+            m.record("d", values[i % 8])
+            m.record("e", values[(i + 1) % 8])
+
+    def observer() -> None:
+        while not done.is_set() or not observed[0]:
+            m.compute()
+            m.copy().compute()
+            observed[0] += 1
+
+    def recorders() -> None:
+        try:
+            assert not run_threads([lambda k=k: recorder(k) for k in range(THREADS)])
+        finally:
+            done.set()
+
+    errors = run_threads([recorders, observer])
+    assert not errors, errors[:3]
+    total = rounds * sum(float(k + 1) for k in range(THREADS))
+    want = {"d/sum": total, "d/count": 1.0 + rounds * THREADS, "d/max": float(THREADS)}
+    want |= {"e/sum": total, "e/count": 1.0 + rounds * THREADS}
+    assert m.compute() == want
+
+
+def test_a_reference_appended_to_the_inbox_while_it_drains_folds_next() -> None:
+    torch = pytest.importorskip("torch")
+    from metricsync._record._device import DeviceState
+    from metricsync._record._device_refs import Lane
+    from metricsync._state import _algebra as al
+
+    class Late(list[Any]):
+        """An inbox into which another thread appends as the drain copies it."""
+
+        late: Lane | None = None
+
+        def __getitem__(self, i: Any) -> Any:
+            out = super().__getitem__(i)
+            if isinstance(i, slice) and self.late is not None:
+                lane, self.late = self.late, None
+                assert lane.take(torch.tensor(100.0))
+            return out
+
+    state = DeviceState(torch.device("cpu"))
+    row = state.add(0, Spec(("sum", "count")), torch.tensor(1.0), None, None, now=1.0)
+    state.inbox = Late()
+    lane = Lane(state, row)
+    assert lane.take(torch.tensor(2.0))
+    state.inbox.late = lane
+    state.drain()
+    assert len(state.inbox) == 1 and state.appended() == 2  # the late one stays, counted
+    cols = state.snapshot()[1]
+    assert (cols[al.S][0], cols[al.W][0]) == (103.0, 3.0)

@@ -72,6 +72,7 @@ class Metrics:
         self._store = store
         self._fast = store.pending.fast  # the hot path's buffers
         self._weighted = store.pending.weighted
+        self._lanes = store.devices.lanes  # the device hot path's
 
     @classmethod
     def _from_store(cls, store: Store) -> Metrics:
@@ -158,8 +159,14 @@ class Metrics:
                         value = value.detach()
                     if name in self._fast and self._store.add_small(name, value.numpy()):
                         return
-                elif self._store.add_on_device(name, value, None, None):
-                    return
+                else:
+                    lane = self._lanes.get(name)
+                    if lane is not None and lane.take(value):  # a 0-d reference, no lock
+                        if len(lane.inbox) >= lane.limit:
+                            self._store.fold_devices()
+                        return
+                    if self._store.add_on_device(name, value, None, None):
+                        return
             except (KeyError, TypeError, RuntimeError, ValueError):
                 pass
             return _general(self._store, name, value, None, None)

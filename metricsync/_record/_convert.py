@@ -40,7 +40,9 @@ __all__ = [
     "host_values",
     "host_weights",
     "is_plain_tensor",
+    "readable_dtypes",
     "is_torch",
+    "META_STANDINS",
     "meta_allowed",
     "meta_records",
 ]
@@ -109,7 +111,8 @@ _READABLE_DTYPES = (
 )
 
 
-def _readable_dtypes() -> frozenset[Any]:
+def readable_dtypes() -> frozenset[Any]:
+    """The torch dtypes whose values can be read as float64 (torch is imported)."""
     global _READABLE
     if _READABLE is None:
         import torch
@@ -126,27 +129,27 @@ _READABLE: frozenset[Any] | None = None
 def is_plain_tensor(t: Any) -> bool:
     """Whether ``t`` is a dense tensor of a readable dtype (what :func:`check_tensor` lets
     pass, but for the ``meta`` check): a cheap test for the fast paths."""
-    return t.layout is _STRIDED[0] and t.dtype in (_READABLE or _readable_dtypes())
+    return t.layout is _STRIDED[0] and t.dtype in (_READABLE or readable_dtypes())
 
 
 _STRIDED: list[Any] = [None]  # torch.strided, once torch is loaded
-_META_STANDINS = [0]  # open blocks in which meta tensors stand in for an accelerator's
+META_STANDINS = [0]  #: open blocks in which meta tensors stand in for an accelerator's
 
 
 @contextlib.contextmanager
 def meta_records() -> Iterator[None]:
     """Inside the block, tensors on the ``meta`` device are recorded as an accelerator's
     would be (their ops counted, no data read); outside it they are refused at the record."""
-    _META_STANDINS[0] += 1
+    META_STANDINS[0] += 1
     try:
         yield
     finally:
-        _META_STANDINS[0] -= 1
+        META_STANDINS[0] -= 1
 
 
 def meta_allowed() -> bool:
     """Whether meta tensors stand in for an accelerator's now (see :func:`meta_records`)."""
-    return _META_STANDINS[0] > 0
+    return META_STANDINS[0] > 0
 
 
 def check_tensor(name: str, t: Any, what: str = "value") -> None:
@@ -154,12 +157,12 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
     (a ``meta`` tensor holds none: refused outside :func:`meta_records`, unless empty)."""
     torch = sys.modules["torch"]
     strided = t.layout is torch.strided
-    if t.is_meta and not _META_STANDINS[0] and t.numel():
+    if t.is_meta and not META_STANDINS[0] and t.numel():
         raise TypeError(
             f"metric {name!r}: a {what} tensor on the 'meta' device holds no data to record "
             "(metricsync.testing.meta_records() lets tests record them as stand-ins)"
         )
-    if strided and t.dtype in _readable_dtypes() and not (t.is_quantized or t.is_nested):
+    if strided and t.dtype in readable_dtypes() and not (t.is_quantized or t.is_nested):
         return
     if t.is_complex():
         raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {t.dtype}")

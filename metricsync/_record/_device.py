@@ -36,6 +36,7 @@ from ._device_refs import (
     VIEW_SLACK,
     WEIGHT,
     Ref,
+    Scalar,
     gather,
     keepable,
 )
@@ -104,12 +105,17 @@ class DeviceState:
         self._wts: torch.Tensor | None = None
         self._records: list[tuple[int, int, int, int, float]] = []  # row, start, n, kind, stamp
         self._used = 0
-        self._scalars: list[tuple[int, torch.Tensor, int, float]] = []  # row, t, version, stamp
+        self._scalars: list[Scalar] = []
+        #: 0-d references appended by lanes without the store's lock (:class:`Lane`); moved
+        #: into ``_scalars`` by :meth:`drain`, which counts them in ``_received``
+        self.inbox: list[Scalar] = []
+        self._received = 0
+        self.ref_limit = REF_LIMIT  #: pending references that make a fold
         self._refs: list[Ref] = []
         self._ref_elements = 0
         self._host_bad: dict[int, float] = {}  # row -> error code found on the host
         self._side_stream = self.streams.on_side
-        #: float64 buffer of REF_LIMIT elements and its 0-d views, that the 0-d references
+        #: float64 buffer of ``ref_limit`` elements and its 0-d views, that the 0-d references
         #: are copied into at a fold, and the stream of the fold that last read it
         self._scratch: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
         self._scratch_stream: Any = None
@@ -119,11 +125,29 @@ class DeviceState:
     @property
     def has_records(self) -> bool:
         """Whether any record is pending or folded here."""
-        return bool(self._records or self._scalars or self._refs or self.slots)
+        return bool(self._records or self._scalars or self._refs or self.slots or self.inbox)
 
     def recorded_slots(self) -> set[int]:
         """Table slots holding records on this device (folded or pending)."""
         return set(self.slots)
+
+    def stamped(self, row: int) -> bool:
+        """Whether ``row``'s spec reads the time of a record (``last``)."""
+        return row in self._stamped
+
+    def appended(self) -> int:
+        """0-d references appended to the inbox so far: grows with each, never shrinks."""
+        return self._received + len(self.inbox)
+
+    def drain(self) -> None:
+        """Move what lanes appended to the inbox into the pending records (under the
+        store's lock: appends that come meanwhile stay in the inbox)."""
+        inbox = self.inbox
+        n = len(inbox)
+        if n:
+            self._scalars += inbox[:n]
+            del inbox[:n]  # one C call: an append meanwhile lands after the n taken
+            self._received += n
 
     # -------------------------------------------------------------- recording
 
@@ -166,8 +190,9 @@ class DeviceState:
         if x.requires_grad:
             x = x.detach()  # the graph is not kept; the version counter is shared
         scalars = self._scalars
-        scalars.append((row, x, version, al.now_us() if row in self._stamped else 0.0))
-        if len(scalars) >= REF_LIMIT:
+        stamp = al.now_us() if row in self._stamped else 0.0
+        scalars.append((row, x, version, x.dtype, stamp))
+        if len(scalars) + len(self.inbox) >= self.ref_limit:
             self.commit()
 
     def pend(self, row: int, x: torch.Tensor, weight: Any, mask: Any, now: float) -> None:
@@ -202,11 +227,11 @@ class DeviceState:
                 self._copy(row, x, weight, mask, kind, now)
                 return
             if x.dim() == 0 and kind == PLAIN:
-                self._scalars.append((row, x, versions[0], now))
+                self._scalars.append((row, x, versions[0], x.dtype, now))
             else:
                 self._refs.append(Ref(row, x, weight, mask, kind, versions, now))
                 self._ref_elements += sum(t.numel() for t in parts)
-            if len(self._scalars) + len(self._refs) >= REF_LIMIT or (
+            if len(self._scalars) + len(self.inbox) + len(self._refs) >= self.ref_limit or (
                 self._ref_elements > REF_ELEMENTS
             ):
                 self.commit()
@@ -267,6 +292,7 @@ class DeviceState:
         None when none is pending. Rows of changed references are flagged on the host.
         With ``pin``, the pending references are replaced by private copies of what this
         read (the changed ones dropped): later in-place changes cannot reach them."""
+        self.drain()
         if not (self._records or self._scalars or self._refs):
             return None
         xs: list[torch.Tensor] = []
@@ -314,7 +340,7 @@ class DeviceState:
         if k < 64:  # a fresh buffer costs less than keeping one
             return None
         if self._scratch is None or len(self._scratch[1]) < k:
-            flat = torch.empty(max(k, REF_LIMIT), dtype=_F64, device=self.device)
+            flat = torch.empty(max(k, self.ref_limit), dtype=_F64, device=self.device)
             self._scratch = (flat, flat.unbind(0))
         else:
             self.streams.after(self._scratch_stream)  # written after its last reader
@@ -415,6 +441,7 @@ class DeviceState:
         the stacked copies this fold made, in the same order), so what it reported
         stays whatever later changes the caller's tensors get.
         """
+        self.drain()
         key = self._pending_key()
         if self._seen is not None and self._seen[0] == key:
             return self._seen[1]

@@ -14,12 +14,16 @@ flagged; writes that bypass the counter cannot be seen.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from .._state import _algebra as al
+from ._convert import META_STANDINS, readable_dtypes
 from ._device_fold import BAD_CHANGED
+from ._streams import Streams
 
 __all__ = [
     "BAD_CHANGED",
@@ -31,6 +35,7 @@ __all__ = [
     "REF_LIMIT",
     "WEIGHT",
     "Gathered",
+    "Lane",
     "Ref",
     "Scalar",
     "gather",
@@ -38,8 +43,11 @@ __all__ = [
 ]
 
 _F64 = torch.float64
+_VERSION = attrgetter("_version")
 PLAIN, WEIGHT, MASK, BOOL_MASK = 0, 1, 2, 3  #: a record's weights, and what to check of them
-REF_LIMIT = 1024  #: pending references per device: a fold when reached
+#: pending references per device, of the lanes' inbox or of the checked path: a fold when
+#: either holds this many
+REF_LIMIT = 1024
 REF_ELEMENTS = 1 << 21  #: elements of the tensors pending references hold: a fold past it
 VIEW_SLACK = 1 << 15  #: bytes a referenced storage may hold beyond twice the tensor's own
 
@@ -90,7 +98,50 @@ def _weights(
     return w * torch.where((sm == 0) | (sm == 1), sm.to(_F64), float("nan"))
 
 
-Scalar = tuple[int, torch.Tensor, int, float]  #: a pending 0-d record: row, tensor, version, stamp
+#: a pending 0-d record: row, tensor, version, dtype, stamp
+Scalar = tuple[int, torch.Tensor, int, torch.dtype, float]
+
+
+class Lane:
+    """Where a name's records on one device go: the device's state and the name's row.
+
+    :meth:`take` pends a plain 0-d tensor without the store's lock, the hot path of
+    ``Metrics.record``: an append to the state's ``inbox``, as a Python number's to its
+    name's number buffer. The holder of the store's lock moves the inbox into the
+    pending records (``DeviceState.drain``), and folds when it holds ``limit`` of them.
+    """
+
+    __slots__ = ("device", "inbox", "limit", "meta", "readable", "row", "side", "stamped", "state")
+
+    def __init__(self, state: Any, row: int) -> None:
+        self.state = state  #: the ``DeviceState``
+        self.device, self.row, self.meta = state.device, row, state.meta
+        self.inbox: list[Scalar] = state.inbox
+        self.limit: int = state.ref_limit
+        self.stamped = state.stamped(row)  # its spec reads the time of a record
+        streams = state.streams  # one stream (not CUDA): no side stream to test for
+        self.side = None if type(streams).on_side is Streams.on_side else streams.on_side
+        self.readable = readable_dtypes()
+
+    def take(self, x: torch.Tensor) -> bool:
+        """Pend ``x`` as a reference if it is a dense 0-d tensor of a readable dtype on this
+        lane's device, with a small storage and a version counter, recorded on the default
+        stream (and, on ``meta``, inside ``meta_records()``); else False, nothing pended."""
+        if x.ndim or x.device != self.device or x.layout is not torch.strided:
+            return False
+        dtype = x.dtype
+        if dtype not in self.readable or x.untyped_storage().nbytes() > VIEW_SLACK:
+            return False
+        if (self.side is not None and self.side()) or (self.meta and not META_STANDINS[0]):
+            return False
+        try:
+            version = x._version
+        except RuntimeError:  # an inference tensor: the checked path copies it
+            return False
+        if x.requires_grad:
+            x = x.detach()  # the graph is not kept; the version counter is shared
+        self.inbox.append((self.row, x, version, dtype, al.now_us() if self.stamped else 0.0))
+        return True
 
 
 class Gathered(NamedTuple):
@@ -133,12 +184,14 @@ def gather(
     pinned: list[Scalar] = []
     pinned_refs: list[Ref] = []
     if scalars:
-        rows, tensors, versions, stamps = map(list, zip(*scalars))  # columns, in C loops
-        now = [t._version for t in tensors]
+        rows, tensors, versions, dtypes, stamps = map(list, zip(*scalars))  # columns, C loops
+        now = list(map(_VERSION, tensors))
         if now != versions:
             changed = {row for row, v, was in zip(rows, now, versions) if v != was}
             scalars = [rec for rec, v in zip(scalars, now) if rec[2] == v]
-            rows, tensors, versions, stamps = map(list, zip(*scalars)) if scalars else [[]] * 4
+            rows, tensors, versions, dtypes, stamps = (
+                map(list, zip(*scalars)) if scalars else [[]] * 5
+            )
     if scalars:
         k = len(scalars)
         if scratch is None or pin:  # pinned values must not share a reused buffer
@@ -146,7 +199,7 @@ def gather(
             dst: Sequence[torch.Tensor] = flat.unbind(0)
         else:
             flat, dst = scratch[0][:k], scratch[1][:k]
-        _copy_scalars(dst, tensors)
+        _copy_scalars(dst, tensors, dtypes)
         xs.append(flat)
         ws.append(None)
         table = np.zeros((k, 5))
@@ -157,7 +210,7 @@ def gather(
         records.append(table)
         start += k
         if pin:
-            pinned = list(zip(rows, dst, [t._version for t in dst], stamps))
+            pinned = list(zip(rows, dst, map(_VERSION, dst), [_F64] * k, stamps))
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
@@ -183,16 +236,17 @@ def gather(
     return Gathered(xs, ws, records, changed, pinned, pinned_refs)
 
 
-def _copy_scalars(dst: Sequence[torch.Tensor], tensors: list[torch.Tensor]) -> None:
-    """Copy each 0-d tensor into its 0-d float64 view: one batched copy per source dtype
-    (a batched copy casts, but on CUDA only from one source dtype at a time)."""
-    dtype = tensors[0].dtype
-    if all(t.dtype is dtype for t in tensors):
+def _copy_scalars(
+    dst: Sequence[torch.Tensor], tensors: list[torch.Tensor], dtypes: list[torch.dtype]
+) -> None:
+    """Copy each 0-d tensor (of ``dtypes``) into its 0-d float64 view: one batched copy per
+    source dtype (a batched copy casts, but on CUDA only from one source dtype at a time)."""
+    if dtypes.count(dtypes[0]) == len(dtypes):
         torch._foreach_copy_(list(dst), tensors)
         return
     by_dtype: dict[Any, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
+    for i, dtype in enumerate(dtypes):
+        by_dtype.setdefault(dtype, []).append(i)
     for at in by_dtype.values():
         torch._foreach_copy_([dst[i] for i in at], [tensors[i] for i in at])
 

@@ -24,19 +24,38 @@ DeviceRead = tuple[Any, np.ndarray, dict[int, Any]]
 
 
 class Devices:
-    """Device states by device, and lanes by name. The caller holds the store's lock."""
+    """Device states by device, and lanes by name. The caller holds the store's lock, but
+    for :meth:`Lane.take <metricsync._record._device_refs.Lane.take>` of a lane from ``lanes``."""
 
     def __init__(self) -> None:
         self.states: dict[Any, Any] = {}  # torch.device -> DeviceState
-        #: name -> (device, state, row, whether the device is meta)
-        self.lanes: dict[str, tuple[Any, Any, int, bool]] = {}
+        #: name -> its Lane (state and row) on the device of its last checked record; the
+        #: dict itself is kept for good, so ``Metrics.record`` holds it (see :meth:`clear`)
+        self.lanes: dict[str, Any] = {}
 
     def __bool__(self) -> bool:
         return bool(self.states)
 
+    def clear(self) -> None:
+        """Forget every state and lane (a lane taken before this pends into a dropped state)."""
+        self.states.clear()
+        self.lanes.clear()
+
+    def appended(self) -> int:
+        """0-d references the lanes appended so far: grows with each, shrinks only at
+        :meth:`clear` (see ``Store.folded``)."""
+        return sum(state.appended() for state in self.states.values())
+
+    def fold_full(self) -> None:
+        """Fold the states whose inbox holds their ``ref_limit`` of references."""
+        for state in self.states.values():
+            if len(state.inbox) >= state.ref_limit:
+                state.commit()
+
     def add(self, name: str, slot: int, spec: Spec, x: Any, w: Any, m: Any, now: float) -> None:
         """Pend a checked record of ``name`` (table slot ``slot``) on ``x``'s device."""
         from ._device import DeviceState
+        from ._device_refs import Lane
 
         state = self.states.get(x.device)
         if state is None:
@@ -49,23 +68,16 @@ class Devices:
                 ) from None
             self.states[x.device] = state
         row = state.add(slot, spec, x, w, m, now)
-        self.lanes[name] = (x.device, state, row, state.meta)
+        lane = self.lanes.get(name)
+        if lane is None or lane.state is not state:
+            self.lanes[name] = Lane(state, row)
 
     def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
         """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
         lane = self.lanes.get(name)
-        if lane is None or device != lane[0] or (lane[3] and not meta_allowed()):
+        if lane is None or device != lane.device or (lane.meta and not meta_allowed()):
             return None  # a meta lane outside meta_records(): the checked path refuses
-        return lane[1], lane[2]
-
-    def pend_scalar(self, name: str, x: Any) -> bool:
-        """Pend a plain 0-d tensor of ``name`` on its lane (:meth:`lane`, inlined: the
-        hottest device record); False when ``name`` has no lane on ``x``'s device."""
-        lane = self.lanes.get(name)
-        if lane is None or x.device != lane[0] or (lane[3] and not meta_allowed()):
-            return False
-        lane[1].pend_scalar(lane[2], x)
-        return True
+        return lane.state, lane.row
 
     def recorded_slots(self) -> set[int]:
         """Table slots holding device records, folded or pending."""

@@ -335,11 +335,12 @@ class Store:
         recorded on its device: the slot, spec and row that its first record resolved
         are reused. False when the name has no such record (the general path takes the
         tensor). Bad input raises as on the general path, before anything is pended."""
-        if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
-            return self.devices.pend_scalar(name, x)  # a reference: nothing launched
         lane = self.devices.lane(name, x.device)
         if lane is None:
             return False
+        if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
+            lane[0].pend_scalar(lane[1], x)  # a reference (or, on a side stream, a copy)
+            return True
         w, m = device_inputs(name, x, weight, mask)
         if x.numel():
             lane[0].pend(lane[1], x, w, m, al.now_us())
@@ -370,6 +371,11 @@ class Store:
             raise clash_error(name, spec, key_of, key)
 
     # ---------------------------------------------------------------- folding
+
+    @changing
+    def fold_devices(self) -> None:
+        """Fold the device states whose lanes filled their inbox (``Metrics.record``)."""
+        self.devices.fold_full()
 
     @changing
     def flush(self) -> None:
@@ -447,7 +453,7 @@ class Store:
     def _fold_key(self, live: bool) -> tuple[int, bool, int]:
         """What the kept fold must have seen to be current (see :meth:`folded`). Read
         before the buffers are: a number appended in between makes the next one miss."""
-        return (self._version, live, self.pending.appended())
+        return (self._version, live, self.pending.appended() + self.devices.appended())
 
     def _kept(self, key: tuple[int, bool, int]) -> StateTable | None:
         """The kept fold, if it was made with ``key`` (still current)."""
@@ -515,7 +521,7 @@ class Store:
         """Forget every sample; keep rules, names and specs."""
         self._folded = None  # its memory too
         self.pending.clear()
-        self.devices = Devices()
+        self.devices.clear()  # the same object: Metrics.record holds its lanes
         self.deferred = []
         self.table.reset()
 
