@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metricsync as ms
+import metricsync._record._convert as convert
 import metricsync._record._store as store_module
 import metricsync._state._algebra as al
 from metricsync._record._pending import StampedBuffer
@@ -42,6 +43,7 @@ record_ops = st.one_of(
     st.tuples(st.just("array"), name, st.lists(finite, min_size=1, max_size=12)),
     st.tuples(st.just("masked"), st.sampled_from(["a", "b"]), st.integers(0, 2**31)),
     st.tuples(st.just("tensor0d"), name, finite),
+    st.tuples(st.just("device0d"), name, finite),
     st.tuples(st.just("update"), name, finite),
     st.tuples(st.just("merge"), name, finite),
     st.tuples(st.just("reset")),
@@ -66,6 +68,11 @@ def _apply(m: ms.Metrics, op: tuple) -> None:
         m.record(op[1], values, mask=torch.from_numpy(rng.random((2, 300)) < 0.5))
     elif kind == "tensor0d":
         m.record(op[1], torch.tensor(op[2], dtype=torch.float64))
+    elif kind == "device0d":  # a CPU tensor down the device path: from the name's second
+        # such record on, its lane takes it without the lock (no change count moves)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(convert, "HOST_DEVICE_TYPES", frozenset())
+            m.record(op[1], torch.tensor(op[2], dtype=torch.float64))
     elif kind == "update":
         m.update({op[1]: op[2]})
     elif kind == "merge":
@@ -149,7 +156,6 @@ def test_names_and_compute_share_a_fold_with_device_records(
     """``names`` reads no device, so it folds without device states. Once ``compute()``
     has kept a fold with them, ``names`` reads that one (device slots count either way)
     rather than folding again and evicting it."""
-    import metricsync._record._convert as convert
 
     fresh = ms.Metrics(SPECS)  # the oracle: the same records on the host path
     for args in (("a", 1.0), ("b", [2.0, float("nan")]), ("d", float("nan"))):
@@ -212,6 +218,7 @@ PATH_OPS = {
     "array": lambda x: ("array", "b", [x, x + 1.0]),
     "masked": lambda x: ("masked", "a", int(x)),
     "tensor0d": lambda x: ("tensor0d", "d", x),
+    "device0d": lambda x: ("device0d", "b", x),
     "update": lambda x: ("update", "a", x),
     "merge": lambda x: ("merge", "e", x),
 }
