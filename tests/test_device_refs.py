@@ -668,3 +668,62 @@ def test_observing_after_each_lane_record_keeps_the_pending_references_bounded(
             m.compute()
     assert m.compute() == {"x/sum": float(np.sum(values)), "x/count": 100.0}
     assert max(sizes) <= 2 * 8, max(sizes)  # the inbox's 8 and the checked path's
+
+
+LANE_SPECS = {
+    "x": ms.Spec(("sum", "count", "min", "max", "last")),
+    "i": ms.Spec(("sum", "count", "last"), nan="ignore"),
+}
+LANE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["tensor", "tensor", "number", "observe", "copy", "reset", "overwrite"]),
+        st.sampled_from(["x", "i"]),
+        st.sampled_from([1.0, -2.0, 4.0, 0.5, 8.0, math.nan]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=LANE_OPS, ref_limit=st.sampled_from([2, 3, 5, 1024]))
+def test_lane_records_mixed_with_observations_equal_numpy_over_the_samples(
+    ops: list[tuple[str, str, float]], ref_limit: int
+) -> None:
+    # 0-d tensors through their name's lane (the first through the checked path), Python
+    # numbers, observations that pin, copies that go on recording, resets, and tensors
+    # overwritten after an observation read them: every statistic as numpy gives it over
+    # the samples (sums of these values are exact), none lost or counted twice
+    m = ms.Metrics(LANE_SPECS)
+    samples: dict[str, list[float]] = {"x": [], "i": []}
+    with cpu_as_accelerator(ref_limit):
+        for kind, name, v in ops:
+            v = 3.0 if name == "x" and math.isnan(v) else v
+            if kind in ("tensor", "overwrite"):
+                t = torch.tensor(v, dtype=torch.float64)
+                m.record(name, t)
+                if kind == "overwrite":
+                    m.compute()
+                    t.add_(100.0)  # after the observation read it: changes nothing
+            elif kind == "number":
+                m.record(name, v)
+            elif kind == "observe":
+                m.compute()
+            elif kind == "copy":
+                m = m.copy()
+            else:
+                m.reset()
+                samples = {"x": [], "i": []}
+                continue
+            if kind != "observe" and kind != "copy":
+                samples[name].append(v)
+        got = m.compute()
+    for name, xs in samples.items():
+        kept = np.array([v for v in xs if not math.isnan(v)])
+        if not len(xs):
+            continue
+        assert got[f"{name}/count"] == len(kept), (name, got)
+        if len(kept):
+            assert got[f"{name}/sum"] == float(np.sum(kept)), (name, got)
+            assert got[f"{name}/last"] == kept[-1], (name, got)
+        if name == "x":
+            assert (got["x/min"], got["x/max"]) == (np.min(kept), np.max(kept))
