@@ -457,7 +457,7 @@ class DeviceState:
         if self._seen is not None and self._seen[0] == key:
             return self._seen[1]
         snap = self._snapshot(inbox)
-        self._seen = (self._pending_key(inbox), snap)  # pinning drops changed references
+        self._seen = (self._pending_key(inbox), snap)  # pinning drops changed tensors (not 0-d)
         return snap
 
     def _pending_key(self, inbox: int) -> tuple[int, ...]:
