@@ -20,7 +20,7 @@ import pytest
 from _compare import same
 
 torch = pytest.importorskip("torch")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import metricsync as ms  # noqa: E402
@@ -608,3 +608,122 @@ def test_a_lane_takes_only_what_a_reference_may_hold() -> None:
             m.record("x", t)
         assert [t.requires_grad for _, t, *_ in lane.inbox] == [False, False, False]
         assert m.compute() == {"x/sum": 1.0 + 3.0 + 5.0 + 7.0 + 2.0 + 1.0, "x/count": 6.0}
+
+
+# --- observations between lane records ----------------------------------------------------
+
+ROUNDING = [1e16, -1e16, 1.0, 0.1, 3.3, 1e-3, -7.25]  # sums that depend on how they group
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.sampled_from(ROUNDING), min_size=2, max_size=14),
+    ref_limit=st.sampled_from([2, 3, 4, 5]),
+    seen=st.sets(st.integers(0, 13), max_size=4),
+)
+@example(
+    values=[0.1, 1e16, 1e16, -1e16, 3.3, 0.1, 1e16, -1e16, 3.3, -1e16, 1e-3], ref_limit=4, seen={1}
+)
+def test_observing_between_lane_records_changes_no_later_result(
+    values: list[float], ref_limit: int, seen: set[int]
+) -> None:
+    # an observation pins the lane records it read where they are: the fold points (every
+    # ``ref_limit`` references) stay those of the records alone, so the final state is bit
+    # for bit that of a run that never observed (moving them out of the inbox let the lane
+    # fold ``ref_limit`` more later: other groupings, other roundings)
+    def run(observe: set[int]) -> tuple[bytes, dict[str, float]]:
+        m = ms.Metrics({"x": ms.Spec(("mean", "sum", "std", "count"))})
+        with cpu_as_accelerator(ref_limit):
+            for i, v in enumerate(values):
+                m.record("x", torch.tensor(v, dtype=torch.float64))
+                if i in observe:
+                    m.compute()
+            return m.to_bytes(), m.compute()
+
+    plain, observed = run(set()), run(seen)
+    assert observed[0] == plain[0]
+    assert observed[1]["x/count"] == len(values)
+    assert same(observed[1]["x/sum"], math.fsum(values), rel=1e-12, abs=4.0)
+
+
+def test_observing_after_each_lane_record_keeps_the_pending_references_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each observation read every pending reference: without a fold at ``ref_limit`` of
+    # them (the lane counted its inbox alone, which each observation emptied) the pending
+    # list grew by one per record, and each observation copied all of it
+    sizes: list[int] = []
+    gather = device_state.gather
+
+    def counting(scalars: Any, *args: Any) -> Any:
+        sizes.append(len(scalars))
+        return gather(scalars, *args)
+
+    monkeypatch.setattr(device_state, "gather", counting)
+    m = ms.Metrics({"x": ms.Spec(("sum", "count"))})
+    values = [float(i % 7) for i in range(100)]
+    with cpu_as_accelerator(ref_limit=8):
+        for v in values:
+            m.record("x", torch.tensor(v))
+            m.compute()
+    assert m.compute() == {"x/sum": float(np.sum(values)), "x/count": 100.0}
+    assert max(sizes) <= 2 * 8, max(sizes)  # the inbox's 8 and the checked path's
+
+
+LANE_SPECS = {
+    "x": ms.Spec(("sum", "count", "min", "max", "last")),
+    "i": ms.Spec(("sum", "count", "last"), nan="ignore"),
+}
+LANE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["tensor", "tensor", "number", "observe", "copy", "reset", "overwrite"]),
+        st.sampled_from(["x", "i"]),
+        st.sampled_from([1.0, -2.0, 4.0, 0.5, 8.0, math.nan]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=LANE_OPS, ref_limit=st.sampled_from([2, 3, 5, 1024]))
+def test_lane_records_mixed_with_observations_equal_numpy_over_the_samples(
+    ops: list[tuple[str, str, float]], ref_limit: int
+) -> None:
+    # 0-d tensors through their name's lane (the first through the checked path), Python
+    # numbers, observations that pin, copies that go on recording, resets, and tensors
+    # overwritten after an observation read them: every statistic as numpy gives it over
+    # the samples (sums of these values are exact), none lost or counted twice
+    m = ms.Metrics(LANE_SPECS)
+    samples: dict[str, list[float]] = {"x": [], "i": []}
+    with cpu_as_accelerator(ref_limit):
+        for kind, name, v in ops:
+            v = 3.0 if name == "x" and math.isnan(v) else v
+            if kind in ("tensor", "overwrite"):
+                t = torch.tensor(v, dtype=torch.float64)
+                m.record(name, t)
+                if kind == "overwrite":
+                    m.compute()
+                    t.add_(100.0)  # after the observation read it: changes nothing
+            elif kind == "number":
+                m.record(name, v)
+            elif kind == "observe":
+                m.compute()
+            elif kind == "copy":
+                m = m.copy()
+            else:
+                m.reset()
+                samples = {"x": [], "i": []}
+                continue
+            if kind != "observe" and kind != "copy":
+                samples[name].append(v)
+        got = m.compute()
+    for name, xs in samples.items():
+        kept = np.array([v for v in xs if not math.isnan(v)])
+        if not len(xs):
+            continue
+        assert got[f"{name}/count"] == len(kept), (name, got)
+        if len(kept):
+            assert got[f"{name}/sum"] == float(np.sum(kept)), (name, got)
+            assert got[f"{name}/last"] == kept[-1], (name, got)
+        if name == "x":
+            assert (got["x/min"], got["x/max"]) == (np.min(kept), np.max(kept))

@@ -233,3 +233,43 @@ def test_a_reference_appended_to_the_inbox_while_it_drains_folds_next() -> None:
     assert len(state.inbox) == 1 and state.appended() == 2  # the late one stays, counted
     cols = state.snapshot()[1]
     assert (cols[al.S][0], cols[al.W][0]) == (103.0, 3.0)
+
+
+def test_a_reference_appended_to_the_inbox_while_an_observation_pins_it_is_read_next() -> None:
+    # an observation pins the inbox's first n references where they are; one a lane
+    # appends meanwhile stays after them, unpinned, and the next observation reads it
+    # (writing the pinned ones back over the whole inbox would drop it)
+    torch = pytest.importorskip("torch")
+    from metricsync._record._device import DeviceState
+    from metricsync._record._device_refs import Lane
+    from metricsync._state import _algebra as al
+
+    class Late(list[Any]):
+        """An inbox into which another thread appends as the observation reads it."""
+
+        late: Lane | None = None
+
+        def __getitem__(self, i: Any) -> Any:
+            out = super().__getitem__(i)
+            if isinstance(i, slice) and self.late is not None:
+                lane, self.late = self.late, None
+                assert lane.take(torch.tensor(100.0))
+            return out
+
+    state = DeviceState(torch.device("cpu"))
+    row = state.add(0, Spec(("sum", "count")), torch.tensor(1.0), None, None, now=1.0)
+    state.inbox = Late()
+    lane = Lane(state, row)
+    kept = torch.tensor(2.0)
+    assert lane.take(kept)
+    state.inbox.late = lane
+    cols = state.snapshot()[1]
+    assert (cols[al.S][0], cols[al.W][0]) == (3.0, 2.0)  # the late one is not in this one
+    assert len(state.inbox) == 2 and state.inbox[0][1] is not kept  # pinned where it was
+    kept.add_(10.0)  # after the observation read it: changes nothing
+    cols = state.snapshot()[1]
+    assert (cols[al.S][0], cols[al.W][0]) == (103.0, 3.0)
+    state.commit()
+    assert not state.inbox and state.appended() == 2
+    cols = state.snapshot()[1]
+    assert (cols[al.S][0], cols[al.W][0]) == (103.0, 3.0)

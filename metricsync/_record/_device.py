@@ -141,7 +141,9 @@ class DeviceState:
 
     def drain(self) -> None:
         """Move what lanes appended to the inbox into the pending records (under the
-        store's lock: appends that come meanwhile stay in the inbox)."""
+        store's lock: appends that come meanwhile stay in the inbox). A fold's alone: an
+        observation pins them where they are, so the inbox's length, which folds at
+        ``ref_limit``, counts every lane record since the last fold."""
         inbox = self.inbox
         n = len(inbox)
         if n:
@@ -286,14 +288,20 @@ class DeviceState:
         self._scalars, self._refs, self._ref_elements = [], [], 0
 
     def _pending_batch(
-        self, pin: bool = False
+        self, pin: bool = False, inbox: int = 0
     ) -> tuple[torch.Tensor, dict[float, torch.Tensor], torch.Tensor | None] | None:
         """Every pending record (copied and referenced) folded into state columns, or
         None when none is pending. Rows of changed references are flagged on the host.
-        With ``pin``, the pending references are replaced by private copies of what this
-        read (the changed ones dropped): later in-place changes cannot reach them."""
-        self.drain()
-        if not (self._records or self._scalars or self._refs):
+        With ``pin``, the pending references and the first ``inbox`` ones of the inbox are
+        replaced, where they are, by private copies of what this read (the changed 0-d
+        ones kept, the others dropped): later in-place changes cannot reach them."""
+        if pin:
+            taken = self.inbox[:inbox]  # later appends stay as they are
+            scalars = self._scalars + taken if taken else self._scalars
+        else:
+            self.drain()
+            scalars = taken = self._scalars
+        if not (self._records or scalars or self._refs):
             return None
         xs: list[torch.Tensor] = []
         ws: list[torch.Tensor | None] = []
@@ -303,10 +311,10 @@ class DeviceState:
             xs.append(self._vals[: self._used])
             ws.append(None if self._wts is None else self._wts[: self._used])
             tables.append(np.array(self._records, dtype=np.float64))
-        if (self._scalars or self._refs) and self._side_stream():
+        if (scalars or self._refs) and self._side_stream():
             self.streams.wait_for_default()  # references were taken on it
-        more_x, more_w, more_tables, changed, scalars, refs = gather(
-            self._scalars,
+        more_x, more_w, more_tables, changed, pinned, refs = gather(
+            scalars,
             self._refs,
             self._used,
             self.upload,
@@ -314,7 +322,10 @@ class DeviceState:
             None if pin else self._scratch_views(),
         )
         if pin:
-            self._scalars, self._refs = scalars, refs
+            k = len(self._scalars)
+            self._scalars, self._refs = pinned[:k], refs
+            if taken:  # one C call: an append meanwhile stays after them
+                self.inbox[: len(taken)] = pinned[k:]
         for row in changed:
             self._host_bad[row] = max(self._host_bad.get(row, 0.0), BAD_CHANGED)
         xs += more_x
@@ -441,15 +452,15 @@ class DeviceState:
         the stacked copies this fold made, in the same order), so what it reported
         stays whatever later changes the caller's tensors get.
         """
-        self.drain()
-        key = self._pending_key()
+        inbox = len(self.inbox)  # what lanes append from now on is the next one's
+        key = self._pending_key(inbox)
         if self._seen is not None and self._seen[0] == key:
             return self._seen[1]
-        snap = self._snapshot()
-        self._seen = (self._pending_key(), snap)  # pinning drops changed references
+        snap = self._snapshot(inbox)
+        self._seen = (self._pending_key(inbox), snap)  # pinning drops changed tensors (not 0-d)
         return snap
 
-    def _pending_key(self) -> tuple[int, ...]:
+    def _pending_key(self, inbox: int) -> tuple[int, ...]:
         return (
             len(self._records),
             self._used,
@@ -457,12 +468,13 @@ class DeviceState:
             len(self._refs),
             len(self.slots),
             self._commits,
+            self._received + inbox,
         )
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, inbox: int) -> Snapshot:
         state, sketch, bad = self.state, self.sketch, self.bad
         with _folding():
-            batch = self._pending_batch(pin=True)
+            batch = self._pending_batch(pin=True, inbox=inbox)
             if batch is not None:
                 state, sketch, bad = self._merged(batch)
             else:  # rows whose only records were left out (changed in place) hold none

@@ -175,7 +175,9 @@ def gather(
     With ``pin``, also the unchanged references on views of the copies the pieces come
     from (0-d records: float64 views; others: same dtypes and shapes; same order, no
     extra copy), to stand for them from then on: a later in-place change of a caller's
-    tensor cannot reach them.
+    tensor cannot reach them. A changed 0-d record stays as it is among the pinned ones
+    (one for each of ``scalars``, in order: the pending count, and so the fold points,
+    stay those of the records), to be left out again by the fold.
     """
     xs: list[torch.Tensor] = []
     ws: list[torch.Tensor | None] = []
@@ -183,12 +185,14 @@ def gather(
     changed: set[int] = set()
     pinned: list[Scalar] = []
     pinned_refs: list[Ref] = []
+    given, fresh = scalars, None
     if scalars:
         rows, tensors, versions, dtypes, stamps = map(list, zip(*scalars))  # columns, C loops
         now = list(map(_VERSION, tensors))
         if now != versions:
             changed = {row for row, v, was in zip(rows, now, versions) if v != was}
-            scalars = [rec for rec, v in zip(scalars, now) if rec[2] == v]
+            fresh = [v == was for v, was in zip(now, versions)]
+            scalars = [rec for rec, ok in zip(scalars, fresh) if ok]
             rows, tensors, versions, dtypes, stamps = (
                 map(list, zip(*scalars)) if scalars else [[]] * 5
             )
@@ -211,6 +215,9 @@ def gather(
         start += k
         if pin:
             pinned = list(zip(rows, dst, map(_VERSION, dst), [_F64] * k, stamps))
+    if pin and fresh is not None:  # the changed ones where they were
+        copies = iter(pinned)
+        pinned = [next(copies) if ok else rec for rec, ok in zip(given, fresh)]
     by_shape: dict[tuple[Any, ...], list[Ref]] = {}
     for ref in refs:
         if tuple(t._version for t in _tensors(ref)) != ref.versions:
