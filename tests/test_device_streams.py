@@ -60,7 +60,7 @@ def test_a_record_on_a_side_stream_is_copied_not_referenced() -> None:
     row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
     streams.stream = "side"
     scalar, vector = torch.tensor(2.0), torch.tensor([3.0, 4.0])
-    state.pend_scalar(row, scalar)
+    state.pend(row, scalar, None, None, now=2.0)
     state.pend(row, vector, None, None, now=2.0)
     scalar.add_(100.0)  # copied at the record: the change reaches nothing
     vector.mul_(10.0)
@@ -74,7 +74,7 @@ def test_a_reference_on_the_default_stream_is_kept_and_a_change_is_caught() -> N
     state = DeviceState(CPU, streams)
     row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
     scalar = torch.tensor(2.0)
-    state.pend_scalar(row, scalar)
+    state.pend(row, scalar, None, None, now=2.0)
     scalar.add_(100.0)
     assert _sums(state)[2] == BAD_CHANGED
 
@@ -83,7 +83,9 @@ def test_a_fold_on_a_side_stream_waits_for_the_default_one_first() -> None:
     streams = FakeStreams()
     state = DeviceState(CPU, streams)
     row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
-    state.pend_scalar(row, torch.tensor(2.0))  # a reference, taken on the default stream
+    state.pend(
+        row, torch.tensor(2.0), None, None, now=2.0
+    )  # a reference, taken on the default stream
     streams.stream = "side"
     state.commit()
     assert ("wait_for_default", "side") in streams.log
@@ -97,15 +99,17 @@ def test_the_scratch_buffer_is_reused_after_the_stream_that_read_it_last() -> No
     values = np.arange(300, dtype=np.float64)
     row = state.add(0, Spec("mean"), torch.tensor(values[0]), None, None, now=1.0)
     for v in values[1:100]:
-        state.pend_scalar(row, torch.tensor(v))
+        state.pend(row, torch.tensor(v), None, None, now=2.0)
     state.commit()  # 100 references: copied into the scratch buffer, read on "default"
     assert not [e for e in streams.log if e[0] == "after"]  # a new buffer: nothing to order
     streams.stream = "other"
     for v in values[100:300]:
-        state.pend_scalar(row, torch.tensor(v))  # on a side stream: copied, not referenced
+        state.pend(
+            row, torch.tensor(v), None, None, now=2.0
+        )  # on a side stream: copied, not referenced
     streams.stream = "default"
     for v in values[:80]:
-        state.pend_scalar(row, torch.tensor(v))
+        state.pend(row, torch.tensor(v), None, None, now=2.0)
     streams.stream = "later"  # the next fold runs on another stream
     state.commit()  # the 80 references reuse the buffer on "later": after "default"
     assert ("after", ("default", "later")) in streams.log
@@ -115,7 +119,7 @@ def test_the_scratch_buffer_is_reused_after_the_stream_that_read_it_last() -> No
 
 
 def test_a_lane_takes_no_reference_while_a_side_stream_is_current() -> None:
-    # the lock-free path of Metrics.record asks the same question as pend_scalar: off the
+    # the lock-free path of Metrics.record asks the same question as pend: off the
     # default stream it refuses, and the checked path copies the tensor
     streams = FakeStreams()
     state = DeviceState(CPU, streams)

@@ -33,7 +33,6 @@ from ._device_refs import (
     PLAIN,
     REF_ELEMENTS,
     REF_LIMIT,
-    VIEW_SLACK,
     WEIGHT,
     Ref,
     Scalar,
@@ -178,24 +177,6 @@ class DeviceState:
         row = self.row(slot, spec)
         self.pend(row, x, weight, mask, now)
         return row
-
-    def pend_scalar(self, row: int, x: torch.Tensor) -> None:
-        """Pend a checked 0-d tensor: a reference, no op (a ``detach`` if it is in a graph)."""
-        if x.untyped_storage().nbytes() > VIEW_SLACK or self._side_stream():  # copied now
-            self._copy(row, x, None, None, PLAIN, al.now_us())
-            return
-        try:
-            version = x._version
-        except RuntimeError:  # an inference tensor: no version counter, copied now
-            self._copy(row, x, None, None, PLAIN, al.now_us())
-            return
-        if x.requires_grad:
-            x = x.detach()  # the graph is not kept; the version counter is shared
-        scalars = self._scalars
-        stamp = al.now_us() if row in self._stamped else 0.0
-        scalars.append((row, x, version, x.dtype, stamp))
-        if len(scalars) + len(self.inbox) >= self.ref_limit:
-            self.commit()
 
     def pend(self, row: int, x: torch.Tensor, weight: Any, mask: Any, now: float) -> None:
         """:meth:`add` for a row this state already has."""

@@ -72,12 +72,13 @@ class Devices:
         if lane is None or lane.state is not state:
             self.lanes[name] = Lane(state, row)
 
-    def lane(self, name: str, device: Any) -> tuple[Any, int] | None:
-        """``(state, row)`` of ``name`` on ``device``, if a record of it went there."""
+    def lane(self, name: str, device: Any) -> Any:
+        """The :class:`~metricsync._record._device_refs.Lane` of ``name`` on ``device``, if a
+        record of it went there (else None)."""
         lane = self.lanes.get(name)
         if lane is None or device != lane.device or (lane.meta and not meta_allowed()):
             return None  # a meta lane outside meta_records(): the checked path refuses
-        return lane.state, lane.row
+        return lane
 
     def recorded_slots(self) -> set[int]:
         """Table slots holding device records, folded or pending."""

@@ -29,7 +29,7 @@ from .._state._rules import SpecTable, merged_rules
 from .._state._spec import Spec
 from .._state._table import StateTable
 from . import _convert
-from ._convert import as_torch, device_inputs, host_record, host_scalar, is_plain_tensor
+from ._convert import as_torch, device_inputs, host_record, host_scalar
 from ._devices import Devices, merge_devices
 from ._fold import Batch, fold, reduce_record
 from ._pending import FAST_LIMIT, PAIR_LIMIT, Held, HostPending
@@ -338,12 +338,9 @@ class Store:
         lane = self.devices.lane(name, x.device)
         if lane is None:
             return False
-        if weight is None and mask is None and not x.ndim and is_plain_tensor(x):
-            lane[0].pend_scalar(lane[1], x)  # a reference (or, on a side stream, a copy)
-            return True
         w, m = device_inputs(name, x, weight, mask)
-        if x.numel():
-            lane[0].pend(lane[1], x, w, m, al.now_us())
+        if x.numel():  # a 0-d tensor its lane refused: copied if a reference may not be kept
+            lane.state.pend(lane.row, x, w, m, al.now_us())
         return True
 
     def _check_union(self, other: StateTable, changes: dict[int, Spec]) -> None:
