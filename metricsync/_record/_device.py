@@ -231,10 +231,15 @@ class DeviceState:
             self.commit(room=n)
         assert self._vals is not None
         start, self._used = self._used, self._used + n
-        with torch.no_grad(), self._ordered():  # a copy records no graph
+        side = self._side_stream()  # as _ordered(), inline: the checked path's cost
+        if side:
+            self.streams.wait_for_default()
+        with torch.no_grad():  # a copy from a tensor that requires grad records nothing
             self._vals.narrow(0, start, n).view(x.shape).copy_(x)
             if kind != PLAIN:
                 self._write_weights(start, x, weight, mask)
+        if side:
+            self.streams.join_default()
         self._records.append((row, start, n, kind, now))
 
     @contextlib.contextmanager
