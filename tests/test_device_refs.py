@@ -727,3 +727,44 @@ def test_lane_records_mixed_with_observations_equal_numpy_over_the_samples(
             assert got[f"{name}/last"] == kept[-1], (name, got)
         if name == "x":
             assert (got["x/min"], got["x/max"]) == (np.min(kept), np.max(kept))
+
+
+# --- a fold that fails while a record is pended ---------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["lane", "weighted", "masked"])
+def test_a_fold_that_fails_under_a_record_raises_and_counts_the_record_once(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a record pends its tensor, then the fold it sets off fails (on CUDA: out of memory):
+    # the error must reach the caller, and the record stay pended once. Retried on the
+    # general path, the failure was swallowed (the retry's fold succeeded) and the record
+    # counted twice
+    fold = device_state.fold_batch
+    failures = [1]
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return fold(*args, **kwargs)
+
+    m = ms.Metrics({"x": ms.Spec(("sum", "count"))})
+    values = [1.0, 2.0, 4.0, 8.0]
+    with cpu_as_accelerator(ref_limit=3):
+        m.record("x", torch.tensor(values[0]))  # the checked path: the name's lane opens
+        monkeypatch.setattr(device_state, "fold_batch", failing_once)
+        recorded = values[:1]
+        with pytest.raises(RuntimeError, match="out of memory"):
+            for v in values[1:]:
+                recorded.append(v)  # up to the one whose fold fails
+                t = torch.tensor(v)
+                if how == "lane":
+                    m.record("x", t)
+                elif how == "weighted":
+                    m.record("x", t, weight=1.0)
+                else:
+                    m.record("x", t.reshape(1), mask=torch.tensor([True]))
+        monkeypatch.setattr(device_state, "fold_batch", fold)
+        got = m.compute()
+    assert got == {"x/sum": float(np.sum(recorded)), "x/count": float(len(recorded))}

@@ -7,7 +7,9 @@ branches a GPU would take, with the same code).
 - a fold of references taken on the default stream, run on a side stream, first makes
   that stream wait for the default one;
 - the scratch buffer a fold copies 0-d references into is reused only after the
-  stream of the fold that last read it.
+  stream of the fold that last read it;
+- whatever a side stream does with a device state (a copy into its buffer, a fold, an
+  observation) comes after the default stream's work so far and before its later work.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class FakeStreams(Streams):
 
     def wait_for_default(self) -> None:
         self.log.append(("wait_for_default", self.stream))
+
+    def join_default(self) -> None:
+        self.log.append(("join_default", self.stream))
 
     def current(self) -> Any:
         return self.stream
@@ -130,3 +135,46 @@ def test_a_lane_takes_no_reference_while_a_side_stream_is_current() -> None:
     streams.stream = "default"
     assert lane.take(torch.tensor(3.0)) and len(state.inbox) == 1
     assert _sums(state)[:2] == ([4.0], [2.0])
+
+
+def test_a_copy_on_a_side_stream_is_read_by_a_fold_on_the_default_one_after_it() -> None:
+    # the copy is enqueued on the side stream; a fold on the default stream read the buffer
+    # without waiting for it (on CUDA: the values before the copy), and a later copy on the
+    # side stream could overwrite the buffer before a default-stream fold had read it
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    streams.stream = "side"
+    state.pend(row, torch.tensor([2.0, 3.0]), None, None, now=2.0)  # copied
+    assert ("wait_for_default", "side") in streams.log
+    assert streams.log[-1] == ("join_default", "side")
+    streams.stream = "default"
+    state.commit()
+    assert _sums(state) == ([6.0], [3.0], 0.0)
+
+
+def test_an_observation_on_a_side_stream_waits_for_a_fold_on_the_default_one() -> None:
+    # nothing pending: the observation reads the state a default-stream fold wrote in
+    # place; it waited for the default stream only when references were pending
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    state.pend(row, torch.tensor(2.0), None, None, now=2.0)
+    state.commit()  # on the default stream: the state written in place
+    streams.stream = "side"
+    assert _sums(state) == ([3.0], [2.0], 0.0)
+    assert streams.log == [("wait_for_default", "side"), ("join_default", "side")]
+
+
+def test_a_fold_on_a_side_stream_is_joined_into_the_default_one() -> None:
+    # the references it read are dropped after it: the default stream, whose memory they
+    # are, may reuse it only after the fold's reads
+    streams = FakeStreams()
+    state = DeviceState(CPU, streams)
+    row = state.add(0, Spec("mean"), torch.tensor(1.0), None, None, now=1.0)
+    state.pend(row, torch.tensor(2.0), None, None, now=2.0)
+    streams.stream = "side"
+    state.commit()
+    assert streams.log[-1] == ("join_default", "side")
+    streams.stream = "default"
+    assert _sums(state) == ([3.0], [2.0], 0.0)

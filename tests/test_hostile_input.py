@@ -10,9 +10,10 @@ the quantiles queried and the characters written, never by a clock.
 
 Exotic tensors: float8 and bfloat16 work on the host and through the
 accelerator code path; sparse (COO, CSR, CSC, BSR), quantized, nested
-(strided and jagged), complex and sub-byte dtypes raise ``TypeError`` naming the
-metric and what to convert to, as values, weights and masks; ``update()``
-with one of them records nothing.
+(strided and jagged), complex and sub-byte dtypes, and tensor subclasses that
+dispatch their own ops (a DTensor) raise ``TypeError`` naming the metric and what
+to convert to, as values, weights and masks; ``update()`` with one of them records
+nothing.
 
 Numpy masked arrays: a masked element is no sample (numpy's statistics over
 ``compressed()``); a masked weight or mask element is refused, naming the metric.
@@ -522,3 +523,54 @@ def test_a_masked_weight_or_mask_is_refused_naming_the_metric(role: str) -> None
     with pytest.raises(TypeError, match=r"'x'.*masked"):
         m.record("x", np.array([1.0, 2.0]), **{role: other})
     assert len(m) == 0
+
+
+def _dtensor_records(rank: int, world_size: int) -> list[str]:
+    """On a one-rank group: what recording DTensors (0-d and sharded, as value, weight and
+    mask, on the host path and the accelerator one) raises, and what compute() gives."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    out = []
+    for device in (False, True):
+        with device_path(device):
+            m = ms.Metrics({"gn": ms.Spec(("sum", "count"))})
+            m.record("gn", torch.tensor(1.0))
+            scalar = DTensor.from_local(torch.tensor(2.0), mesh, [Replicate()])
+            vector = DTensor.from_local(torch.tensor([3.0, 4.0]), mesh, [Shard(0)])
+            plain = torch.tensor([5.0, 6.0])
+            attempts: list[tuple[Any, dict[str, Any]]] = [
+                (scalar, {}),
+                (vector, {}),
+                (plain, {"weight": vector}),
+                (plain, {"mask": vector > 0}),
+            ]
+            for value, kwargs in attempts:
+                try:
+                    m.record("gn", value, **kwargs)
+                    out.append("recorded")
+                except TypeError as exc:
+                    out.append(str(exc))
+            try:
+                out.append(repr(m.compute()))
+            except Exception as exc:  # reported to the test
+                out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+@needs_torch
+def test_a_dtensor_is_refused_naming_the_metric_and_nothing_breaks() -> None:
+    # a DTensor dispatches its own ops: on the accelerator path it was kept as a reference
+    # and every later compute() failed in the fold (no sharding strategy for the batched
+    # copy, not naming the metric); on the host path a sharded one failed in numpy()
+    from metricsync.testing import run_distributed
+
+    (out,) = run_distributed(_dtensor_records, 1)
+    for path in (out[:5], out[5:]):
+        *errors, computed = path
+        for message in errors:
+            assert message.startswith("metric 'gn': a ") and "DTensor" in message, message
+            assert "to_local()" in message, message
+        assert computed == repr({"gn/sum": 1.0, "gn/count": 1.0}), computed

@@ -145,8 +145,8 @@ class Metrics:
         elif (
             cls is _TENSOR[0] and weight is None and mask is None
         ):  # via a route: 0-d CPU ~11% slower
-            try:
-                if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
+            if value.is_cpu and _convert.HOST_DEVICE_TYPES is _HOST_CPU:
+                try:
                     if not value.ndim:
                         buf = self._fast[name]
                         if value.requires_grad:  # float() of it would warn
@@ -159,16 +159,22 @@ class Metrics:
                         value = value.detach()
                     if name in self._fast and self._store.add_small(name, value.numpy()):
                         return
-                else:
-                    lane = self._lanes.get(name)
-                    if lane is not None and lane.take(value):  # a 0-d reference, no lock
-                        if len(lane.inbox) >= lane.limit:
-                            self._store.fold_devices()
-                        return
-                    if self._store.add_on_device(name, value, None, None):
-                        return
-            except (KeyError, TypeError, RuntimeError, ValueError):
-                pass
+                except (KeyError, TypeError, RuntimeError, ValueError):
+                    pass
+            else:
+                try:
+                    lane: Any = self._lanes.get(name)
+                    taken = lane is not None and lane.take(value)  # a 0-d reference, no lock
+                except (TypeError, RuntimeError):  # an unhashable name, a tensor without storage
+                    lane, taken = None, False
+                # not retried on the general path: a fold they set off may fail (out of
+                # memory) with the record pended; its checks raise as the general path's
+                if taken:
+                    if len(lane.inbox) >= lane.limit:
+                        self._store.fold_devices()
+                    return
+                if lane is not None and self._store.add_on_device(name, value, None, None):
+                    return
             return _general(self._store, name, value, None, None)
         _route(cls, _general)(self._store, name, value, weight, mask)
 

@@ -163,7 +163,14 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
             "(metricsync.testing.meta_records() lets tests record them as stand-ins)"
         )
     if strided and t.dtype in readable_dtypes() and not (t.is_quantized or t.is_nested):
-        return
+        if t.__class__ is torch.Tensor or not _own_dispatch(t, torch):
+            return
+        raise TypeError(
+            f"metric {name!r}: a {what} tensor of class {t.__class__.__name__} (a tensor "
+            "subclass with its own dispatch) cannot be read as samples; record a plain "
+            "tensor, e.g. t.to_local() or t.full_tensor() of a DTensor, whichever holds "
+            "the samples this rank contributes"
+        )
     if t.is_complex():
         raise TypeError(f"metric {name!r}: expected a real tensor, got dtype {t.dtype}")
     if getattr(t, "is_nested", False):
@@ -182,6 +189,12 @@ def check_tensor(name: str, t: Any, what: str = "value") -> None:
         f"metric {name!r}: cannot read a {what} tensor of dtype {t.dtype} as numbers; "
         "convert it to a float dtype first (e.g. t.to(torch.float32))"
     )
+
+
+def _own_dispatch(t: Any, torch: Any) -> bool:
+    """Whether ``t``'s class dispatches torch ops itself (a DTensor, a fake tensor): its
+    values are not a plain tensor's (a ``Parameter`` does not)."""
+    return type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
 
 
 def _type_error(name: str, what: str, value: object) -> TypeError:

@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -197,7 +198,7 @@ class DeviceState:
         if mask is not None and mask.requires_grad:
             mask = mask.detach()
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
-            with _folding():
+            with _folding(), self._ordered():
                 w = None if kind == PLAIN else self._weights_of(x, weight, mask)
                 record = np.array([[row, 0, n, kind, now]], dtype=np.float64)
                 self._merge(self._fold_batch(x.reshape(-1), w, record))
@@ -230,11 +231,31 @@ class DeviceState:
             self.commit(room=n)
         assert self._vals is not None
         start, self._used = self._used, self._used + n
+        side = self._side_stream()  # as _ordered(), inline: the checked path's cost
+        if side:
+            self.streams.wait_for_default()
         with torch.no_grad():  # a copy from a tensor that requires grad records nothing
             self._vals.narrow(0, start, n).view(x.shape).copy_(x)
             if kind != PLAIN:
                 self._write_weights(start, x, weight, mask)
+        if side:
+            self.streams.join_default()
         self._records.append((row, start, n, kind, now))
+
+    @contextlib.contextmanager
+    def _ordered(self) -> Iterator[None]:
+        """Where this state's tensors are read or written: on a side stream, after the
+        default stream's work so far (a fold there wrote the state, read the buffer, or
+        references were taken there), and before its later work (a fold there reads
+        what this copied; memory this freed is reused there)."""
+        if not self._side_stream():
+            yield
+            return
+        self.streams.wait_for_default()
+        try:
+            yield
+        finally:
+            self.streams.join_default()
 
     def _write_weights(self, start: int, x: torch.Tensor, weight: Any, mask: Any) -> None:
         if self._wts is None:
@@ -251,7 +272,7 @@ class DeviceState:
     def commit(self, room: int = 0) -> None:
         """Fold the pending records into the accumulated state; size the buffer for what
         comes (at least ``room`` elements, at most ``_LIMIT``)."""
-        with _folding():
+        with _folding(), self._ordered():
             self._commit(room)
 
     def _commit(self, room: int) -> None:
@@ -292,8 +313,6 @@ class DeviceState:
             xs.append(self._vals[: self._used])
             ws.append(None if self._wts is None else self._wts[: self._used])
             tables.append(np.array(self._records, dtype=np.float64))
-        if (scalars or self._refs) and self._side_stream():
-            self.streams.wait_for_default()  # references were taken on it
         more_x, more_w, more_tables, changed, pinned, refs = gather(
             scalars,
             self._refs,
@@ -454,7 +473,7 @@ class DeviceState:
 
     def _snapshot(self, inbox: int) -> Snapshot:
         state, sketch, bad = self.state, self.sketch, self.bad
-        with _folding():
+        with _folding(), self._ordered():
             batch = self._pending_batch(pin=True, inbox=inbox)
             if batch is not None:
                 state, sketch, bad = self._merged(batch)

@@ -79,24 +79,25 @@ def _tensor(store: Store, name: Any, value: Any, weight: Any, mask: Any) -> None
     """A masked or weighted torch tensor (``Metrics.record`` takes a plain one itself): a
     CPU one under a CPU mask keeps its kept samples, one on an accelerator goes into its
     name's lane."""
-    if weight is None:
+    # add_on_device is not retried on the general path: a fold it sets off may fail (out of
+    # memory) with the record pended; its checks raise as the general path's would
+    on_host = value.is_cpu and _convert.HOST_DEVICE_TYPES is HOST_CPU
+    if weight is None and on_host:
         try:
-            if value.is_cpu and _convert.HOST_DEVICE_TYPES is HOST_CPU:
-                if mask.__class__ is value.__class__ and name in store.pending.fast:
-                    if value.requires_grad:
-                        value = value.detach()
-                    if store.add_masked(name, value, mask):
-                        return
-            elif store.add_on_device(name, value, None, mask):
-                return
+            if mask.__class__ is value.__class__ and name in store.pending.fast:
+                if value.requires_grad:
+                    value = value.detach()
+                if store.add_masked(name, value, mask):
+                    return
         except (KeyError, TypeError, RuntimeError, ValueError):
             pass
-    elif name in store.devices.lanes:  # weighted, on a device
-        try:
-            if store.add_on_device(name, value, weight, mask):
-                return
-        except (TypeError, RuntimeError, ValueError):
-            pass
+    elif (
+        not on_host
+        and name.__class__ is str
+        and name in store.devices.lanes
+        and store.add_on_device(name, value, weight, mask)
+    ):
+        return
     general(store, name, value, weight, mask)
 
 

@@ -1,9 +1,11 @@
 """The stream questions a device state asks, in one seam: CUDA answers them for real;
 off CUDA there is one stream, so every answer is "the default one, nothing to wait for".
 
-A device state asks three things: is a stream other than the device's default one
+A device state asks four things: is a stream other than the device's default one
 current (records there are copied, not referenced)? make the current stream wait for
-the default one (a fold reads references taken there); and which stream is current, so
+the default one, and the default one wait for the current one (what a side stream
+reads or writes of a device state is ordered between the default stream's work before
+and after it: copies, folds, observations); and which stream is current, so
 that a scratch buffer reused by the next fold is written only after what read it last
 (:meth:`Streams.after`). Tests hand a :class:`Streams` stand-in to ``DeviceState`` to
 run the side-stream branches on CPU tensors.
@@ -41,6 +43,9 @@ class Streams:
     def wait_for_default(self) -> None:
         """Make the current stream wait for the default one (no host wait)."""
 
+    def join_default(self) -> None:
+        """Make the default stream wait for the current one (no host wait)."""
+
     def current(self) -> Any:
         """The current stream (None where there is one stream)."""
         return None
@@ -63,6 +68,9 @@ class CudaStreams(Streams):
 
     def wait_for_default(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
+
+    def join_default(self) -> None:
+        torch.cuda.default_stream(self.device).wait_stream(torch.cuda.current_stream(self.device))
 
     def current(self) -> Any:
         return torch.cuda.current_stream(self.device)
