@@ -397,11 +397,17 @@ def device_weight(name: str, weight: Any, x: Any) -> Any:
 
 
 def _on_device(t: Any, device: Any) -> Any:
-    """``t`` on ``device`` without waiting for the device (pinned, non-blocking from the host)."""
+    """``t`` on ``device`` without waiting for the device (pinned, non-blocking from the host).
+
+    From the host to CUDA, through a pinned buffer of its own: ``pin_memory()`` returns a
+    tensor already pinned as it is, and the caller may write that buffer as soon as
+    ``record()`` returns, before the copy ran."""
     if t.device == device:
         return t
     if t.device.type == "cpu" and device.type == "cuda":
-        t = t.pin_memory()
+        import torch
+
+        t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
     return t.to(device, non_blocking=True)
 
 
