@@ -237,6 +237,29 @@ def test_an_input_that_requires_grad_keeps_no_graph_and_every_metric_computes(
     assert got["y"] == again["y"] == 1.0
 
 
+@pytest.mark.parametrize("shape", [(), (3,)], ids=["0-d", "(3,)"])
+@pytest.mark.parametrize("as_param", [True, False], ids=["nn.Parameter", "leaf tensor"])
+def test_a_parameter_stepped_or_freed_after_its_record_keeps_its_value(
+    shape: tuple[int, ...], as_param: bool
+) -> None:
+    # a leaf that requires grad (a learned temperature, a gate) is copied at the record: its
+    # optimizer changes it in place, and FSDP frees its storage, before the fold reads it
+    m = ms.Metrics({"t": ms.Spec(("sum", "count"))})
+    with cpu_as_accelerator():
+        values = []
+        for step in range(3):
+            p = torch.full(shape, 2.0 + step, requires_grad=True)
+            leaf = torch.nn.Parameter(p.detach()) if as_param else p
+            m.record("t", leaf)
+            m.record("t", leaf)  # the second of a name: its lane, for a 0-d plain tensor
+            values += [2.0 + step] * 2 * max(1, leaf.numel())
+            with torch.no_grad():
+                leaf.mul_(10.0)  # the optimizer's step, before anything read the record
+                leaf.untyped_storage().resize_(0)  # and its storage freed (FSDP's reshard)
+        got = m.compute()
+    assert got == {"t/sum": sum(values), "t/count": float(len(values))}
+
+
 @pytest.mark.parametrize("shape", [(), (3,), (BIG,)], ids=["0-d", "(3,)", "large"])
 @pytest.mark.parametrize("inside", [False, True], ids=["recorded after", "recorded inside"])
 def test_a_tensor_made_under_inference_mode_is_recorded(

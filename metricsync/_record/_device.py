@@ -191,12 +191,16 @@ class DeviceState:
             if mask.dtype == torch.bool
             else MASK
         )
-        if x.requires_grad:  # no input keeps its autograd graph (a detach shares the version)
-            x = x.detach()
+        # no input keeps its autograd graph (a detach shares the version); a leaf that
+        # requires grad (a parameter) is copied: its optimizer changes it in place, and
+        # FSDP frees its storage
+        param = False
+        if x.requires_grad:
+            param, x = x.is_leaf, x.detach()
         if isinstance(weight, torch.Tensor) and weight.requires_grad:
-            weight = weight.detach()
+            param, weight = param or weight.is_leaf, weight.detach()
         if mask is not None and mask.requires_grad:
-            mask = mask.detach()
+            param, mask = param or mask.is_leaf, mask.detach()
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
             with _folding(), self._ordered():
                 w = None if kind == PLAIN else self._weights_of(x, weight, mask)
@@ -204,7 +208,7 @@ class DeviceState:
                 self._merge(self._fold_batch(x.reshape(-1), w, record))
             return
         parts = [t for t in (x, weight, mask) if isinstance(t, torch.Tensor)]
-        if all(map(keepable, parts)) and not self._side_stream():  # a reference: no launch
+        if not param and all(map(keepable, parts)) and not self._side_stream():  # a reference
             try:
                 versions = tuple(t._version for t in parts)
             except RuntimeError:  # an inference tensor: no version counter, copied now

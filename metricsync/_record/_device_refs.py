@@ -125,8 +125,9 @@ class Lane:
 
     def take(self, x: torch.Tensor) -> bool:
         """Pend ``x`` as a reference if it is a dense 0-d tensor of a readable dtype on this
-        lane's device, with a small storage and a version counter, recorded on the default
-        stream (and, on ``meta``, inside ``meta_records()``); else False, nothing pended."""
+        lane's device, with a small storage and a version counter, not a parameter, recorded
+        on the default stream (and, on ``meta``, inside ``meta_records()``); else False,
+        nothing pended."""
         if x.ndim or x.device != self.device or x.layout is not torch.strided:
             return False
         dtype = x.dtype
@@ -139,6 +140,8 @@ class Lane:
         except RuntimeError:  # an inference tensor: the checked path copies it
             return False
         if x.requires_grad:
+            if x.is_leaf:  # a parameter: its optimizer changes it in place (the checked path
+                return False  # copies it)
             x = x.detach()  # the graph is not kept; the version counter is shared
         self.inbox.append((self.row, x, version, dtype, al.now_us() if self.stamped else 0.0))
         return True
