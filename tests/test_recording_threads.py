@@ -205,15 +205,15 @@ def test_four_threads_recording_0d_device_tensors_while_another_observes(
     assert m.compute() == want
 
 
-def test_a_reference_appended_to_the_inbox_while_it_drains_folds_next() -> None:
+def _late_inbox() -> tuple[Any, Any]:
+    """A CPU device state holding one record of a ``(sum, count)`` row, and its lane, whose
+    inbox lets another thread's record in as a slice of it is read (``inbox.late = lane``:
+    the next slice read appends 100.0 through that lane)."""
     torch = pytest.importorskip("torch")
     from metricsync._record._device import DeviceState
     from metricsync._record._device_refs import Lane
-    from metricsync._state import _algebra as al
 
     class Late(list[Any]):
-        """An inbox into which another thread appends as the drain copies it."""
-
         late: Lane | None = None
 
         def __getitem__(self, i: Any) -> Any:
@@ -226,7 +226,14 @@ def test_a_reference_appended_to_the_inbox_while_it_drains_folds_next() -> None:
     state = DeviceState(torch.device("cpu"))
     row = state.add(0, Spec(("sum", "count")), torch.tensor(1.0), None, None, now=1.0)
     state.inbox = Late()
-    lane = Lane(state, row)
+    return state, Lane(state, row)
+
+
+def test_a_reference_appended_to_the_inbox_while_it_drains_folds_next() -> None:
+    torch = pytest.importorskip("torch")
+    from metricsync._state import _algebra as al
+
+    state, lane = _late_inbox()
     assert lane.take(torch.tensor(2.0))
     state.inbox.late = lane
     state.drain()
@@ -240,26 +247,9 @@ def test_a_reference_appended_to_the_inbox_while_an_observation_pins_it_is_read_
     # appends meanwhile stays after them, unpinned, and the next observation reads it
     # (writing the pinned ones back over the whole inbox would drop it)
     torch = pytest.importorskip("torch")
-    from metricsync._record._device import DeviceState
-    from metricsync._record._device_refs import Lane
     from metricsync._state import _algebra as al
 
-    class Late(list[Any]):
-        """An inbox into which another thread appends as the observation reads it."""
-
-        late: Lane | None = None
-
-        def __getitem__(self, i: Any) -> Any:
-            out = super().__getitem__(i)
-            if isinstance(i, slice) and self.late is not None:
-                lane, self.late = self.late, None
-                assert lane.take(torch.tensor(100.0))
-            return out
-
-    state = DeviceState(torch.device("cpu"))
-    row = state.add(0, Spec(("sum", "count")), torch.tensor(1.0), None, None, now=1.0)
-    state.inbox = Late()
-    lane = Lane(state, row)
+    state, lane = _late_inbox()
     kept = torch.tensor(2.0)
     assert lane.take(kept)
     state.inbox.late = lane
