@@ -237,6 +237,40 @@ def test_an_input_that_requires_grad_keeps_no_graph_and_every_metric_computes(
     assert got["y"] == again["y"] == 1.0
 
 
+@pytest.mark.parametrize(
+    "view",
+    [lambda p: p[0], lambda p: p.view(-1)[1:], lambda p: p[0].view(())],
+    ids=["p[0]", "p.view(-1)[1:]", "p[0].view(())"],
+)
+@pytest.mark.parametrize("role", ["value", "weight", "mask"])
+def test_a_view_of_a_parameter_stepped_or_freed_after_its_record_keeps_its_value(
+    view: Any, role: str
+) -> None:
+    # an element or slice of a parameter (a gate of a vector of gates) is a view that
+    # requires grad but is no leaf: its optimizer's step changes it in place all the same
+    m = ms.Metrics({"t": ms.Spec(("sum", "count"))})
+    values, weights = [], []
+    with cpu_as_accelerator():
+        for step in range(3):
+            p = torch.nn.Parameter(torch.full((3,), 1.0 if role == "mask" else 1.0 + step))
+            v = view(p)
+            x = torch.full(v.shape, 5.0 + step) if role != "value" else v
+            kw = {} if role == "value" else {role: v}
+            for _ in range(2):  # the second of a name: its lane, for a 0-d plain tensor
+                m.record("t", x, **kw)
+                xs = x.detach().clone().numpy().ravel()
+                ws = v.detach().clone().numpy().ravel() if role != "value" else np.ones(xs.size)
+                values.append(xs)
+                weights.append(ws)
+            with torch.no_grad():
+                p.sub_(1.0)  # the optimizer's step (a mask stays 0/1), before anything read it
+                p.untyped_storage().resize_(0)  # and its storage freed (FSDP's reshard)
+        got = m.compute()
+    xs, ws = np.concatenate(values), np.concatenate(weights)
+    assert got["t/sum"] == pytest.approx(float(np.sum(xs * ws)))
+    assert got["t/count"] == pytest.approx(float(np.sum(ws)))
+
+
 @pytest.mark.parametrize("shape", [(), (3,)], ids=["0-d", "(3,)"])
 @pytest.mark.parametrize("as_param", [True, False], ids=["nn.Parameter", "leaf tensor"])
 def test_a_parameter_stepped_or_freed_after_its_record_keeps_its_value(

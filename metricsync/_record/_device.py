@@ -39,6 +39,7 @@ from ._device_refs import (
     Scalar,
     gather,
     keepable,
+    of_parameter,
 )
 from ._streams import Streams
 
@@ -191,16 +192,16 @@ class DeviceState:
             if mask.dtype == torch.bool
             else MASK
         )
-        # no input keeps its autograd graph (a detach shares the version); a leaf that
-        # requires grad (a parameter) is copied: its optimizer changes it in place, and
-        # FSDP frees its storage
+        # no input keeps its autograd graph (a detach shares the version); a parameter or
+        # a view into one is copied: its optimizer changes it in place, and FSDP frees its
+        # storage
         param = False
         if x.requires_grad:
-            param, x = x.is_leaf, x.detach()
+            param, x = of_parameter(x), x.detach()
         if isinstance(weight, torch.Tensor) and weight.requires_grad:
-            param, weight = param or weight.is_leaf, weight.detach()
+            param, weight = param or of_parameter(weight), weight.detach()
         if mask is not None and mask.requires_grad:
-            param, mask = param or mask.is_leaf, mask.detach()
+            param, mask = param or of_parameter(mask), mask.detach()
         if n > _LIMIT // 2:  # a large tensor folds on its own, without a copy
             with _folding(), self._ordered():
                 w = None if kind == PLAIN else self._weights_of(x, weight, mask)

@@ -52,6 +52,13 @@ REF_ELEMENTS = 1 << 21  #: elements of the tensors pending references hold: a fo
 VIEW_SLACK = 1 << 15  #: bytes a referenced storage may hold beyond twice the tensor's own
 
 
+def of_parameter(t: torch.Tensor) -> bool:
+    """Whether ``t``, which requires grad, is a parameter or a view into one (``p[0]``):
+    its optimizer changes it in place, and FSDP frees its storage."""
+    base = t._base
+    return t.is_leaf or (base is not None and base.is_leaf)
+
+
 def keepable(t: torch.Tensor) -> bool:
     """Whether a reference to ``t`` holds little memory beyond ``t``'s own: its storage
     is at most twice its bytes plus 32 KiB (not a view into a large tensor)."""
@@ -125,7 +132,8 @@ class Lane:
 
     def take(self, x: torch.Tensor) -> bool:
         """Pend ``x`` as a reference if it is a dense 0-d tensor of a readable dtype on this
-        lane's device, with a small storage and a version counter, not a parameter, recorded
+        lane's device, with a small storage and a version counter, not a parameter nor a view
+        into one, recorded
         on the default stream (and, on ``meta``, inside ``meta_records()``); else False,
         nothing pended."""
         if x.ndim or x.device != self.device or x.layout is not torch.strided:
@@ -140,7 +148,7 @@ class Lane:
         except RuntimeError:  # an inference tensor: the checked path copies it
             return False
         if x.requires_grad:
-            if x.is_leaf:  # a parameter: its optimizer changes it in place (the checked path
+            if of_parameter(x):  # changed in place by its optimizer (the checked path
                 return False  # copies it)
             x = x.detach()  # the graph is not kept; the version counter is shared
         self.inbox.append((self.row, x, version, dtype, al.now_us() if self.stamped else 0.0))
