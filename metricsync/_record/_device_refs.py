@@ -133,9 +133,8 @@ class Lane:
     def take(self, x: torch.Tensor) -> bool:
         """Pend ``x`` as a reference if it is a dense 0-d tensor of a readable dtype on this
         lane's device, with a small storage and a version counter, not a parameter nor a view
-        into one, recorded
-        on the default stream (and, on ``meta``, inside ``meta_records()``); else False,
-        nothing pended."""
+        into one, recorded on the default stream (and, on ``meta``, inside
+        ``meta_records()``); else False, nothing pended."""
         if x.ndim or x.device != self.device or x.layout is not torch.strided:
             return False
         dtype = x.dtype
