@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -32,13 +31,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _cli import ENV, run
 
 import metricsync as ms
 from metricsync._log._logread import read_jsonl
 from metricsync.backends._jsonl import JsonlBackend
-
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
 
 CHILD = textwrap.dedent(
     """
@@ -99,16 +96,6 @@ def _plain_json_steps(path: Path) -> list[int]:
     return steps
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "metricsync", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
-
-
 def _timeline(steps: list[int]) -> list[int]:
     """What ``show`` lists: a step supersedes every later one it does not exceed."""
     out: list[int] = []
@@ -132,7 +119,7 @@ def _check_readable(run_dir: Path, written: list[int]) -> list[int]:
     assert formats["lr"] == ".2e" and formats["wide/k7"] == ".4f"
     last = steps[-1]
     assert last[1]["wide/k7"] == 7.0 * last[0] and last[1]["lr"] == 3e-4
-    shown = _cli("show", str(run_dir), "--keys", "loss/max,lr", "--last", str(len(logged)))
+    shown = run("show", str(run_dir), "--keys", "loss/max,lr", "--last", str(len(logged)))
     assert shown.returncode == 0, shown.stderr
     rows = [line.split() for line in shown.stdout.splitlines()[2:]]
     assert [int(r[0]) for r in rows] == _timeline(logged)
@@ -164,7 +151,7 @@ def test_sigkilled_runs_keep_every_written_step_and_restarts_append(tmp_path: Pa
     assert final[len(logged) :] == list(range(old, old + len(final) - len(logged)))
 
     png = tmp_path / "curves.png"
-    plotted = _cli("plot", str(run_dir), "--keys", "loss/*,lr", "-o", str(png))
+    plotted = run("plot", str(run_dir), "--keys", "loss/*,lr", "-o", str(png))
     assert plotted.returncode == 0, plotted.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
