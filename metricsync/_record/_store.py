@@ -119,15 +119,7 @@ class Store:
                 )
             changes[slot] = new
         if changes:
-            specs = {self.table.names[slot]: spec for slot, spec in changes.items()}
-
-            def lookup(name: str) -> Spec | None:
-                return specs.get(name) or self._held_spec(name)
-
-            found = first_clash(list(specs), lookup)
-            if found is not None:
-                name, other, key = found
-                raise clash_error(name, specs[name], other, key)
+            self._refuse_clashes({self.table.names[slot]: spec for slot, spec in changes.items()})
         return changes
 
     def _apply_rules(self, rules: SpecTable, changes: dict[int, Spec]) -> None:
@@ -157,16 +149,20 @@ class Store:
         each other (an ``update`` opening several names at once)."""
         with self.lock:
             new = {n: self.spec(n) for n in names if n not in self.table.index}
-            if not new:
-                return
+            if new:
+                self._refuse_clashes(new)
 
-            def lookup(name: str) -> Spec | None:
-                return new.get(name) or self._held_spec(name)
+    def _refuse_clashes(self, specs: dict[str, Spec]) -> None:
+        """``SpecMismatchError`` naming both where a name of ``specs``, with its spec there,
+        would share a key with another of them or with a name holding a slot."""
 
-            found = first_clash(list(new), lookup)
-            if found is not None:
-                name, other, key = found
-                raise clash_error(name, new[name], other, key)
+        def lookup(name: str) -> Spec | None:
+            return specs.get(name) or self._held_spec(name)
+
+        found = first_clash(list(specs), lookup)
+        if found is not None:
+            name, other, key = found
+            raise clash_error(name, specs[name], other, key)
 
     def _slot(self, name: str, spec: Spec) -> int:
         """``name``'s slot, made with ``spec`` if it has none (where no key meets another's)."""
