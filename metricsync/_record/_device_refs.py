@@ -200,8 +200,8 @@ def gather(
         rows, tensors, versions, dtypes, stamps = map(list, zip(*scalars))  # columns, C loops
         now = list(map(_VERSION, tensors))
         if now != versions:
-            changed = {row for row, v, was in zip(rows, now, versions) if v != was}
             fresh = [v == was for v, was in zip(now, versions)]
+            changed = {row for row, ok in zip(rows, fresh) if not ok}
             scalars = [rec for rec, ok in zip(scalars, fresh) if ok]
             rows, tensors, versions, dtypes, stamps = (
                 map(list, zip(*scalars)) if scalars else [[]] * 5
